@@ -1,0 +1,219 @@
+"""The dataset card (README.md): Hub YAML that `datasets` and the Hub viewer read, plus a description.
+
+Row-derived facts (counts, the achieved mixture, devices, torch versions) are read from the shards
+themselves so the card describes the folder as it is, including rows from earlier, resumed runs;
+process facts (target, rejections, thresholds, speed) come from RunStats.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from huggingface_hub import DatasetCard, DatasetCardData
+
+from opsynth.shards.schema import DESCRIPTIONS, SCHEMA
+from opsynth.shards.stats import RunStats
+from opsynth.shards.writer import DATA_DIR, SPLIT, list_shards, read_rows
+
+LICENSE = "cc-by-4.0"  # as CUDA-Agent-Ops-6K, whose format and recipe this follows
+TAGS = ["code", "pytorch", "cuda", "kernels", "kernelbench", "synthetic", "reinforcement-learning"]
+PLOTS_DIR = "plots"
+
+
+def size_category(n: int) -> str:
+    """The Hub's size_categories bucket for n examples."""
+    bounds = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+              (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B")]
+    for bound, name in bounds:
+        if n < bound:
+            return name
+    return "n>1T" if n >= 10**12 else "1B<n<10B" if n < 10**10 else "10B<n<100B" if n < 10**11 else "100B<n<1T"
+
+
+def _feature(field: pa.Field) -> dict[str, Any]:
+    """One entry of dataset_info.features, in the YAML form `datasets.Features._from_yaml_list` reads."""
+    t = field.type
+    if pa.types.is_list(t):
+        # `sequence:` is read by every datasets version (new ones turn it into List).
+        return {"name": field.name, "sequence": _dtype(t.value_type)}
+    return {"name": field.name, "dtype": _dtype(t)}
+
+
+def _dtype(t: pa.DataType) -> str:
+    if pa.types.is_string(t):
+        return "string"
+    if pa.types.is_int64(t):
+        return "int64"
+    if pa.types.is_float64(t):
+        return "float64"
+    raise ValueError(f"no dataset feature mapping for arrow type {t}")
+
+
+def features_yaml() -> list[dict[str, Any]]:
+    return [_feature(f) for f in SCHEMA]
+
+
+def _shard_facts(output_dir: Path) -> dict[str, Any]:
+    shards = list_shards(output_dir)
+    if not shards:
+        raise FileNotFoundError(f"{output_dir / DATA_DIR} holds no shards; write and finalize rows first")
+    not_final = [s.path.name for s in shards if not s.final]
+    if not_final:
+        raise ValueError(f"{output_dir}: shards {not_final} are not finalized; call ShardWriter.finalize() first")
+    num_bytes = download = 0
+    for s in shards:
+        md = pq.ParquetFile(s.path).metadata
+        num_bytes += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        download += s.path.stat().st_size
+    rows = read_rows(output_dir, columns=["data_source", "num_ops", "device", "torch_version"])
+    return {
+        "num_shards": len(shards),
+        "num_examples": len(rows),
+        "num_bytes": int(num_bytes),
+        "download_size": int(download),
+        "mixture": Counter(r["data_source"] for r in rows),
+        "devices": Counter(r["device"] for r in rows),
+        "torch_versions": Counter(r["torch_version"] for r in rows),
+    }
+
+
+def card_data(facts: dict[str, Any], pretty_name: str) -> DatasetCardData:
+    return DatasetCardData(
+        license=LICENSE,
+        task_categories=["text-generation"],
+        language=["en"],
+        tags=TAGS,
+        size_categories=[size_category(facts["num_examples"])],
+        pretty_name=pretty_name,
+        configs=[{"config_name": "default", "data_files": [{"split": SPLIT, "path": f"{DATA_DIR}/{SPLIT}-*"}]}],
+        dataset_info={
+            "features": features_yaml(),
+            "splits": [{"name": SPLIT, "num_bytes": facts["num_bytes"], "num_examples": facts["num_examples"]}],
+            "download_size": facts["download_size"],
+            "dataset_size": facts["num_bytes"],
+        },
+    )
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.2f} %"
+
+
+def _source_key(s: str) -> tuple[int, str, int]:
+    name, _, k = s.partition("#")
+    return (0 if name == "torch" else 1, name, int(k) if k.isdigit() else 0)
+
+
+def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name: str, load_path: str) -> str:
+    n = facts["num_examples"]
+    th = stats.thresholds
+    out = [f"# {pretty_name}", ""]
+    out.append(
+        f"{n:,} PyTorch operator-fusion tasks in the KernelBench format (`class Model(nn.Module)`, module-level "
+        "size constants, `get_inputs()`, `get_init_inputs()`), generated by "
+        "opsynth in the style of CUDA-Agent-Ops-6K. A policy is asked to write `ModelNew`, "
+        "a faster implementation of `Model` built from its own CUDA or Triton kernels. The first three columns "
+        "(`code`, `ops`, `data_source`) are exactly Ops-6K's, so code that reads Ops-6K reads this dataset unchanged."
+    )
+    out += ["", "## How it was made", ""]
+    out.append(
+        "1. **Sample**: an operator graph of up to k seed operators (mined from `torch` and `transformers`) "
+        "is sampled with a seeded sampler; the seed is kept in the `seed` column.\n"
+        "2. **Render**: the graph becomes a self-contained task file (`code`).\n"
+        "3. **Verify**: each task runs in a sandboxed child process with a timeout, eagerly and under "
+        "`torch.compile`; tasks with randomness, non-deterministic, constant or input-independent outputs are "
+        "rejected, and the problem size is calibrated so the eager runtime falls in the band below; "
+        f"runtimes are medians measured on `{stats.device}`.\n"
+        "4. **Dedup**: tasks whose `Model` is too similar (AST similarity) to any KernelBench problem are "
+        "dropped, and near-duplicates within the run are removed.\n"
+        "5. **Write**: accepted rows are written to zstd Parquet shards in the Hub layout."
+    )
+    out += ["", "## Operator-count mixture", ""]
+    sources = sorted(set(facts["mixture"]) | set(stats.target_mixture), key=_source_key)
+    tgt_total = sum(stats.target_mixture.values()) or None
+    out.append(_table(
+        ["data_source", "rows", "achieved", "target"],
+        [[f"`{s}`", facts["mixture"].get(s, 0), _pct(facts["mixture"].get(s, 0) / n if n else None),
+          _pct(stats.target_mixture[s] / tgt_total) if s in stats.target_mixture and tgt_total else "–"]
+         for s in sources],
+    ))
+    out += ["", "## Filters and thresholds", ""]
+    if th:
+        out.append(_table(["filter", "threshold"], [[f"`{k}`", f"`{v}`"] for k, v in th.items()]))
+    else:
+        out.append("No thresholds were recorded for this run.")
+    out += ["", "## Counts", ""]
+    count_rows = [
+        ["rows in this dataset", f"{n:,}"],
+        ["shards", facts["num_shards"]],
+        ["target rows (`n_tasks`)", f"{stats.n_tasks:,}" if stats.n_tasks else "–"],
+        ["rows already present when the last run started", f"{stats.resumed_rows:,}"],
+        ["accepted in the last run", f"{stats.accepted:,}"],
+        ["rejected in the last run", f"{stats.num_rejected:,}"],
+        ["acceptance rate", _pct(stats.acceptance_rate)],
+        ["candidates per minute", f"{stats.candidates_per_minute:.1f}" if stats.candidates_per_minute else "–"],
+        ["wall time", f"{stats.wall_time_s / 60:.1f} min"],
+    ]
+    out.append(_table(["", ""], count_rows))
+    if stats.rejected:
+        out += ["", "### Rejections by reason", ""]
+        total_rej = stats.num_rejected
+        out.append(_table(
+            ["reason", "count", "share"],
+            [[f"`{r}`", c, _pct(c / total_rej)] for r, c in Counter(stats.rejected).most_common()],
+        ))
+    out += ["", "## Environment", ""]
+    env = [["device (measured on)", ", ".join(f"`{d}` ({c:,} rows)" for d, c in facts["devices"].most_common())],
+           ["torch (rows verified with)", ", ".join(f"`{v}` ({c:,} rows)" for v, c in facts["torch_versions"].most_common())]]
+    env += [[name, f"`{v}`"] for name, v in sorted(stats.versions.items())]
+    if stats.cluster:
+        env.append(["cluster", f"`{stats.cluster}`"])
+    if stats.seed is not None:
+        env.append(["base seed", f"`{stats.seed}`"])
+    out.append(_table(["", ""], env))
+    out += ["", "## Columns", ""]
+    out.append(_table(["column", "type", "meaning"],
+                      [[f"`{f.name}`", f"`{f.type}`", DESCRIPTIONS.get(f.name, "")] for f in SCHEMA]))
+    out += ["", "## Load it", "", "```python", "from datasets import load_dataset", "",
+            f'ds = load_dataset("{load_path}", split="train")', 'print(ds[0]["code"])', "```"]
+    plots = sorted((output_dir / PLOTS_DIR).glob("*.png")) if (output_dir / PLOTS_DIR).is_dir() else []
+    if plots:
+        out += ["", "## Plots", ""]
+        out += [f"![{p.stem}]({PLOTS_DIR}/{p.name})" for p in plots]
+    out += ["", "## License", "",
+            f"`{LICENSE}`, as CUDA-Agent-Ops-6K. KernelBench (MIT) is used only to decontaminate, never copied.", ""]
+    return "\n".join(out)
+
+
+def write_card(
+    output_dir: str | os.PathLike,
+    stats: RunStats,
+    repo_id: str | None = None,
+    pretty_name: str = "opsynth operator-fusion tasks",
+) -> Path:
+    """Write `<output_dir>/README.md` for the finalized shards there; return its path.
+
+    `repo_id` (when known) is what the "how to load it" snippet names; otherwise the local folder.
+    Raises FileNotFoundError when there are no shards and ValueError when they are not finalized.
+    """
+    output_dir = Path(output_dir)
+    facts = _shard_facts(output_dir)
+    data = card_data(facts, pretty_name)
+    body = _body(output_dir, facts, stats, pretty_name, repo_id or str(output_dir))
+    card = DatasetCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+    path = output_dir / "README.md"
+    tmp = output_dir / ".README.md.tmp"
+    tmp.write_text(str(card), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
