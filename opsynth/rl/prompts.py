@@ -1,0 +1,72 @@
+"""Prompts for the kernel-writing policy: the task's code and a short brief of the rules.
+
+The brief follows CUDA-Agent's SKILL.md in spirit: what to write (ModelNew, same constructor),
+what is allowed (own CUDA kernels via `load_inline`, or Triton), what is forbidden (torch compute
+ops in `forward`, falling back to the reference), and the one output format the reward environment
+extracts (a single fenced python block). Everything the reward environment enforces is stated here,
+so a policy is never punished for a rule it was not told.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KERNEL_BRIEF = """\
+You are an expert GPU kernel engineer. Below is a PyTorch program `Model`. Write `ModelNew`, a
+drop-in replacement that computes the same outputs faster, using your own kernels.
+
+Rules:
+- Define `class ModelNew(nn.Module)` with exactly the same `__init__` arguments as `Model`; keep the
+  same parameters and buffers (same names and shapes), because weights are copied from `Model` with
+  `load_state_dict`.
+- Do the computation in your own kernels: CUDA C++ compiled with
+  `torch.utils.cpp_extension.load_inline`, or Triton (`@triton.jit`). Fusing several operators into
+  one kernel is where the speed comes from.
+- In `forward`, do not call `torch.nn.functional`, `torch` compute operators (matmul, conv, relu,
+  sum, softmax, ...) or the `Model` class; only allocate outputs (`torch.empty`, `torch.empty_like`),
+  reshape/view tensors, read metadata, and launch your kernels. No try/except fallbacks, no caching
+  of outputs between calls, no side streams or threads, no in-place changes to the inputs.
+- Handle any input size, not only the sizes in `get_inputs()`. Outputs must match `Model` within
+  atol = rtol = 1e-2, with the same shapes and dtypes.
+
+Reward: -1 if incorrect or rejected; 1 if correct; 2 if faster than eager PyTorch; 3 if also more
+than 5% faster than torch.compile.
+
+Answer with one fenced ```python block holding the complete file (imports, kernels, ModelNew)
+and nothing else."""
+
+
+def build_prompt(task_code: str, brief: str = KERNEL_BRIEF) -> str:
+    """The user message: the brief, then the task file verbatim."""
+    return f"{brief}\n\nThe program to optimise:\n\n```python\n{task_code.strip()}\n```\n"
+
+
+def build_messages(task_code: str, brief: str = KERNEL_BRIEF) -> list[dict[str, str]]:
+    """The same prompt as one chat turn, for instruction-tuned models with a chat template."""
+    return [{"role": "user", "content": build_prompt(task_code, brief)}]
+
+
+def prompt_record(row: dict[str, Any], chat: bool, brief: str = KERNEL_BRIEF) -> dict[str, Any]:
+    """One training example in TRL's layout: `prompt`, plus the columns the reward function reads.
+
+    TRL passes every non-prompt column to the reward function as a keyword list, so `task_code`
+    reaches the reward environment alongside each completion.
+    """
+    prompt = build_messages(row["code"], brief) if chat else build_prompt(row["code"], brief)
+    return {
+        "prompt": prompt,
+        "task_code": row["code"],
+        "task_id": row["task_id"],
+        "num_ops": int(row["num_ops"]),
+    }
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion, whether TRL gives a string or a list of chat messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") or "" for m in completion if isinstance(m, dict))
+    if isinstance(completion, dict):
+        return completion.get("content", "") or ""
+    return str(completion)
