@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opsynth.shards.report import write_report
+from opsynth.shards.stats import RunStats
+from opsynth.shards.writer import ShardWriter
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PLOTS = ["mixture", "categories", "runtimes", "speedup", "kb_similarity", "rejections"]
+
+
+def _stats() -> RunStats:
+    s = RunStats(
+        n_tasks=12,
+        target_mixture={"torch#1": 1, "torch#2": 2, "torch#3": 1},  # normalised by the report
+        categories={"nn.Conv2d": "convolution", "torch.relu": "activation", "torch.sum": "reduction",
+                    "nn.LayerNorm": "normalization"},
+        thresholds={"eager_ms_min": 1.0, "eager_ms_max": 100.0, "kb_similarity_max": 0.9},
+        wall_time_s=30.0,
+    )
+    s.accept(12)
+    for reason, n in {"eager_too_fast": 3, "kb_too_similar": 1}.items():
+        s.reject(reason, n)
+    return s
+
+
+def test_report_json_and_every_plot(tmp_path, make_row):
+    rows = [make_row(i) for i in range(12)]
+    rows[0]["ops"] = ["nn.Conv2d", "aten.unknown_op"]
+    rejections = [{"reason": "eager_too_fast", "seed": s, "detail": "x" * 2000} for s in range(3)]
+    report = write_report(tmp_path, _stats(), rows, rejections)
+
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk == json.loads(json.dumps(report))
+    r = on_disk["rows"]
+    assert r["num_rows"] == 12
+    assert r["mixture"]["torch#2"] == {"rows": 4, "achieved": pytest.approx(1 / 3), "target": 0.5,
+                                       "delta": pytest.approx(1 / 3 - 0.5)}
+    # rows cycle through 1, 2, 3 ops: conv in all 12, relu in 8, sum in 4, layernorm in none
+    assert r["category_coverage"] == {"convolution": 12, "activation": 8, "reduction": 4, "normalization": 0}
+    assert r["uncategorised_ops"] == ["aten.unknown_op"]
+    assert r["eager_ms"]["min"] == 1.0 and r["eager_ms"]["max"] == 6.5 and r["eager_ms"]["count"] == 12
+    assert r["compile_speedup"]["min"] == pytest.approx(1.0 / 0.8)
+    assert r["kb_max_similarity"]["count"] == 9  # 3 rows carry no similarity
+    rej = on_disk["rejections"]
+    assert rej["counts"] == {"eager_too_fast": 3, "kb_too_similar": 1} and rej["total"] == 4
+    assert len(rej["examples"]["eager_too_fast"]) == 3
+    assert len(rej["examples"]["eager_too_fast"][0]["detail"]) < 600
+    run = on_disk["run"]
+    assert run["acceptance_rate"] == pytest.approx(12 / 16) and run["candidates_per_minute"] == pytest.approx(32.0)
+    assert sorted(on_disk["plots"]) == sorted(PLOTS)
+    for name in PLOTS:
+        png = tmp_path / on_disk["plots"][name]
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5_000
+
+
+def test_report_reads_the_shards_when_rows_are_not_given(tmp_path, make_row):
+    w = ShardWriter(tmp_path, rows_per_shard=4)
+    w.write([make_row(i) for i in range(9)])
+    w.finalize()
+    stats = RunStats()
+    stats.reject("timeout")
+    report = write_report(tmp_path, stats)
+    assert report["rows"]["num_rows"] == 9
+    assert report["rejections"]["counts"] == {"timeout": 1}
+
+
+def test_an_empty_run_still_reports(tmp_path):
+    report = write_report(tmp_path, RunStats(), rows=[], rejections=[{"reason": "compile_failed"}])
+    assert report["rows"]["eager_ms"]["count"] == 0
+    assert report["rejections"]["counts"] == {"compile_failed": 1}
+    assert all((tmp_path / p).exists() for p in report["plots"].values())
+    with pytest.raises(ValueError, match="reason"):
+        write_report(tmp_path, RunStats(), rows=[], rejections=[{"seed": 1}])
+
+
+def test_run_stats_counts_and_round_trips():
+    s = RunStats(wall_time_s=0.0)
+    assert s.acceptance_rate is None and s.candidates_per_minute is None
+    s.accept(3)
+    s.reject("eager_too_fast", 2)
+    s.reject("eager_too_fast")
+    d = s.to_dict()
+    assert d["candidates"] == 6 and d["num_rejected"] == 3 and d["acceptance_rate"] == 0.5
+    assert RunStats.from_dict(json.loads(json.dumps(d))) == s
+    with pytest.raises(ValueError):
+        s.reject("")
