@@ -1,0 +1,100 @@
+"""Plain records of the reward environment: its settings, its verdict, and the reward rule.
+
+Kept free of torch so that the trainer and the command line can import them cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    """Where builds and baseline timings are kept between evaluations (content-addressed, so shared safely)."""
+    env = os.environ.get("OPSYNTH_RL_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opsynth" / "rl"
+
+
+@dataclass
+class RewardConfig:
+    """Settings of one reward evaluation. Defaults follow CUDA-Agent (5 trials, atol = rtol = 1e-2)."""
+
+    device: str = "auto"  # "auto" (cuda when visible, else cpu), "cuda" or "cpu"
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    num_trials: int = 5
+    second_shape: bool = True  # re-check on a scaled batch_size when the task has one
+    margin: float = 0.95  # "faster" means t < margin * t0
+    warmup: int | None = None  # None: 10 on cuda, 3 on cpu
+    repeats: int | None = None  # None: 30 on cuda, 10 on cpu
+    flush_l2: bool = True  # cuda only: overwrite a 256 MiB buffer between timed calls
+    compile_baseline: bool = True  # also time torch.compile(Model) for reward 3
+    cpu_threads: int | None = None  # torch.set_num_threads in both children (None: torch's default)
+    static_check: bool = True  # quick AST/source pre-check before anything runs
+    cache_dir: str | None = None  # None: default_cache_dir()
+    build_timeout_s: float = 900.0
+    run_timeout_s: float = 300.0
+    reference_timeout_s: float = 600.0
+    memory_limit_gb: float = 32.0  # RLIMIT_AS on the cpu backend (cuda reserves huge address ranges)
+    build_workers: int | None = None  # evaluate_many: parallel builds (None: cpu_count // 2, at least 1)
+    keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
+
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        try:
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        except Exception:
+            return "cpu"
+
+    def timing(self, device: str) -> tuple[int, int]:
+        warm = self.warmup if self.warmup is not None else (10 if device == "cuda" else 3)
+        reps = self.repeats if self.repeats is not None else (30 if device == "cuda" else 10)
+        return warm, reps
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "RewardConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+
+
+@dataclass
+class EvalResult:
+    """The verdict on one candidate. reward is -1 unless correct; reason names why."""
+
+    reward: int
+    correct: bool
+    reason: str
+    times: dict = field(default_factory=dict)  # candidate_ms, eager_ms, compile_ms (None when unmeasured)
+    log: str = ""
+    device: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def rejected(cls, reason: str, log: str = "", times: dict | None = None, device: str = "") -> "EvalResult":
+        return cls(reward=-1, correct=False, reason=reason, times=dict(times or {}), log=log, device=device)
+
+
+def reward_from_times(candidate_ms: float, eager_ms: float | None, compile_ms: float | None, margin: float = 0.95) -> int:
+    """CUDA-Agent's rule for a correct candidate: 3 beats eager and compile, 2 beats eager, else 1.
+
+    Beating means t < margin * t0 (margin 0.95: more than 5 % faster). A missing baseline is never beaten.
+    """
+    beats_eager = eager_ms is not None and candidate_ms < margin * eager_ms
+    beats_compile = compile_ms is not None and candidate_ms < margin * compile_ms
+    if beats_eager and beats_compile:
+        return 3
+    if beats_eager:
+        return 2
+    return 1

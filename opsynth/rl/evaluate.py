@@ -1,0 +1,281 @@
+"""Reward for one candidate kernel (or many): sandboxed, hack-resistant, -1 / 1 / 2 / 3.
+
+Flow of one evaluation (every untrusted step in its own child process, with timeout and limits):
+
+1. resolve the candidate (source, file, workspace, or fenced code in a completion) and pre-check it
+   statically (cheap rejections first);
+2. reference child: builds Model, draws fresh inputs from seeds chosen here, saves its weights,
+   inputs and outputs to a scratch dir, and times eager and torch.compile (cached per task, device,
+   torch version); the parent loads the outputs and deletes the file before any candidate runs;
+3. candidate child, build phase (CPU; parallel in `evaluate_many`): runs the module top level, which
+   compiles its extensions into a content-addressed cache;
+4. candidate child, measure phase (serialised on the device): runs ModelNew under the guards,
+   saves its outputs, times it;
+5. the parent compares outputs with the reference and applies the reward rule.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsynth.rl.candidate import CandidateSpec, extract_candidate, resolve_candidate
+from opsynth.rl.eval_types import EvalResult, RewardConfig, reward_from_times
+
+__all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
+
+
+@dataclass
+class _Reference:
+    """What the reference child produced for one task: outputs live in this process only."""
+
+    ok: bool
+    reason: str
+    log: str
+    scratch: Path | None = None
+    job: dict | None = None
+    outputs: dict | None = None  # {"trials": [[tensor,...],...], "second": [[...]] or None}
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+
+
+def _tmpdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Reference:
+    from opsynth.rl import baseline_cache
+    from opsynth.rl.sandbox import run_child
+
+    scratch = _tmpdir("opsynth_ref_")
+    (scratch / "task.py").write_text(task_code)
+    cached = baseline_cache.lookup(cfg, task_code, device)
+    rng = secrets.SystemRandom()
+    job = {
+        "task_path": str(scratch / "task.py"),
+        "device": device,
+        "trial_seeds": [rng.randrange(1, 2**62) for _ in range(cfg.num_trials)],
+        "second_seed": rng.randrange(1, 2**62),
+        "init_seed": rng.randrange(1, 2**62),
+        "second_shape": cfg.second_shape,
+        "measure_baselines": cached is None,
+        "compile_baseline": cfg.compile_baseline,
+        "timing": list(cfg.timing(device)),
+        "flush_l2": cfg.flush_l2,
+        "cpu_threads": cfg.cpu_threads,
+        "memory_limit_gb": cfg.memory_limit_gb,
+        "data_path": str(scratch / "data.pt"),
+        "ref_outputs_path": str(scratch / "ref_outputs.pt"),
+        "result_path": str(scratch / "ref_result.json"),
+    }
+    res = run_child("opsynth.rl.reference_runner", job, scratch, cfg.reference_timeout_s, cfg)
+    if res.reason != "ok":
+        return _Reference(False, "reference_" + res.reason, res.log, scratch)
+    import torch
+
+    out_path = Path(job["ref_outputs_path"])
+    outputs = torch.load(out_path, weights_only=True)
+    out_path.unlink()  # the candidate must never find the answers on disk
+    eager_ms, compile_ms = res.data.get("eager_ms"), res.data.get("compile_ms")
+    if cached is not None:
+        eager_ms, compile_ms = cached["eager_ms"], cached["compile_ms"]
+    else:
+        baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms)
+    job["output_meta"] = res.data.get("output_meta")
+    job["has_second"] = res.data.get("has_second", False)
+    return _Reference(True, "ok", res.log, scratch, job, outputs, eager_ms, compile_ms)
+
+
+def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
+    (scratch / "model_new.py").write_text(spec.source)
+    if spec.kernel_files:
+        kdir = scratch / "kernels"
+        kdir.mkdir(exist_ok=True)
+        for name, text in spec.kernel_files.items():
+            (kdir / name).write_text(text)
+    job = {
+        "mode": mode,
+        "candidate_path": str(scratch / "model_new.py"),
+        "workspace": bool(spec.kernel_files),
+        "device": device,
+        "cache_dir": str(cfg.resolved_cache_dir()),
+        "cpu_threads": cfg.cpu_threads,
+        "memory_limit_gb": cfg.memory_limit_gb,
+        "result_path": str(scratch / f"cand_{mode}.json"),
+    }
+    if ref is not None and ref.job is not None:
+        job.update(
+            {
+                "data_path": ref.job["data_path"],
+                "output_meta": ref.job["output_meta"],
+                "has_second": ref.job["has_second"],
+                "init_seed": ref.job["init_seed"],
+                "timing": ref.job["timing"],
+                "flush_l2": cfg.flush_l2,
+                "outputs_path": str(scratch / "cand_outputs.pt"),
+            }
+        )
+    return job
+
+
+def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
+    """Run the candidate's module top level once (compiling its extensions into the shared cache)."""
+    from opsynth.rl.sandbox import run_child
+
+    job = _candidate_job(spec, None, cfg, device, scratch, "build")
+    return run_child("opsynth.rl.candidate_runner", job, scratch, cfg.build_timeout_s, cfg)
+
+
+def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
+    from opsynth.rl.compare import judge_outputs
+    from opsynth.rl.sandbox import run_child
+
+    times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
+    job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
+    # The first run of a fresh build compiles inside this child too, so allow for it.
+    res = run_child("opsynth.rl.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg)
+    log = (build_log + "\n" + res.log).strip()
+    if res.reason != "ok":
+        return EvalResult.rejected(res.reason, log, times, device)
+    times["candidate_ms"] = res.data.get("candidate_ms")
+    times["build_s"] = res.data.get("build_s")
+    import torch
+
+    cand = torch.load(job["outputs_path"], weights_only=True)
+    verdict, detail = judge_outputs(ref.outputs, cand, cfg)
+    log = (log + "\n" + detail).strip()
+    if verdict != "ok":
+        return EvalResult.rejected(verdict, log, times, device)
+    reward = reward_from_times(times["candidate_ms"], ref.eager_ms, ref.compile_ms, cfg.margin)
+    return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device)
+
+
+def _precheck(candidate: str | Path, cfg: RewardConfig, device: str) -> tuple[CandidateSpec | None, EvalResult | None]:
+    from opsynth.rl.static_check import static_check
+
+    try:
+        spec = resolve_candidate(candidate)
+    except (OSError, UnicodeDecodeError) as e:
+        return None, EvalResult.rejected("no_code", f"cannot read candidate: {e}", device=device)
+    if spec is None:
+        return None, EvalResult.rejected("no_code", "no code block found in the candidate", device=device)
+    reason, detail = static_check(spec, enabled=cfg.static_check)
+    if reason != "ok":
+        return spec, EvalResult.rejected(reason, detail, device=device)
+    return spec, None
+
+
+def _cleanup(path: Path | None, cfg: RewardConfig) -> None:
+    if path is not None and not cfg.keep_scratch:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = None) -> EvalResult:
+    """Reward of one candidate for one task. Never raises for anything the candidate does."""
+    cfg = cfg or RewardConfig()
+    device = cfg.resolved_device()
+    t0 = time.perf_counter()
+    spec, early = _precheck(candidate, cfg, device)
+    if early is not None:
+        return early
+    ref = _prepare_reference(task_code, cfg, device)
+    scratch = _tmpdir("opsynth_cand_")
+    try:
+        if not ref.ok:
+            return EvalResult.rejected(ref.reason, ref.log, device=device)
+        result = _measure(spec, ref, cfg, device, scratch)
+    finally:
+        _cleanup(scratch, cfg)
+        _cleanup(ref.scratch, cfg)
+    result.times["wall_s"] = round(time.perf_counter() - t0, 3)
+    return result
+
+
+def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
+    """Evaluate (task_code, candidate) pairs, building in parallel on the CPU while the device measures.
+
+    References (one per distinct task) and measurements share one device lane, so timings never
+    overlap each other; builds run on `cfg.build_workers` threads, each driving a child process.
+    """
+    import os
+
+    cfg = cfg or RewardConfig()
+    device = cfg.resolved_device()
+    pairs = list(pairs)
+    results: list[EvalResult | None] = [None] * len(pairs)
+    specs: dict[int, CandidateSpec] = {}
+    for i, (_task, cand) in enumerate(pairs):
+        spec, early = _precheck(cand, cfg, device)
+        if early is not None:
+            results[i] = early
+        else:
+            specs[i] = spec
+    workers = cfg.build_workers or max(1, (os.cpu_count() or 2) // 2)
+    scratches = {i: _tmpdir("opsynth_cand_") for i in specs}
+    refs: dict[str, _Reference] = {}
+    lock = threading.Lock()
+
+    def build(i):
+        return i, _build(specs[i], cfg, device, scratches[i])
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            # Identical candidates share a build: submit one build per distinct digest first.
+            first_of: dict[str, int] = {}
+            futures = []
+            for i in specs:
+                d = specs[i].digest()
+                if d not in first_of:
+                    first_of[d] = i
+                    futures.append(pool.submit(build, i))
+            # Device lane: references while builds run.
+            for i in specs:
+                task = pairs[i][0]
+                if task not in refs:
+                    refs[task] = _prepare_reference(task, cfg, device)
+            built: dict[str, object] = {}
+            pending = {i for i in specs}
+
+            def measure_ready(digest: str, bres):
+                for j in sorted(pending):
+                    if specs[j].digest() != digest:
+                        continue
+                    ref = refs[pairs[j][0]]
+                    if not ref.ok:
+                        results[j] = EvalResult.rejected(ref.reason, ref.log, device=device)
+                    elif bres.reason != "ok":
+                        results[j] = EvalResult.rejected(bres.reason, bres.log, device=device)
+                    else:
+                        results[j] = _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
+                    with lock:
+                        pending.discard(j)
+
+            for fut in as_completed(futures):
+                i, bres = fut.result()
+                built[specs[i].digest()] = bres
+                measure_ready(specs[i].digest(), bres)
+    finally:
+        for s in scratches.values():
+            _cleanup(s, cfg)
+        for r in refs.values():
+            _cleanup(r.scratch, cfg)
+    return [r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device) for r in results]
+
+
+def main_json(task_path: str, candidate_path: str, cfg: RewardConfig | None = None) -> dict:
+    """One evaluation from files, as a JSON-ready dict (used by pipelines.evaluate)."""
+    res = evaluate(Path(task_path).read_text(), Path(candidate_path), cfg)
+    return res.to_dict()
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience
+    import sys
+
+    print(json.dumps(main_json(sys.argv[1], sys.argv[2])))
