@@ -127,15 +127,16 @@ def find_candidate(folder: str, task_id: str) -> str | None:
 
 
 def score_candidates(
-    rows: list[dict[str, Any]], folder: str, eval_cfg: Any = None, max_workers: int = 4
+    rows: list[dict[str, Any]], folder: str, eval_cfg: Any = None
 ) -> list[EvalRecord]:
     """Evaluate the candidate files in `folder` against their tasks; a missing file scores -1."""
     from opsynth.rl.train_reward import KernelReward
 
-    reward = KernelReward(eval_cfg, max_workers=max_workers)
+    reward = KernelReward(eval_cfg)
     present = [(r, find_candidate(folder, r["task_id"])) for r in rows]
     have = [(r, c) for r, c in present if c is not None]
-    records = reward.evaluate_batch([r["code"] for r, _ in have], [c for _, c in have], [r["task_id"] for r, _ in have])
+    records = reward.evaluate_batch([r["code"] for r, _ in have], [c for _, c in have],
+                                    [r["task_id"] for r, _ in have], from_completions=False)
     missing = [EvalRecord(task_id=r["task_id"], reward=-1.0, correct=False, reason="missing_candidate")
                for r, c in present if c is None]
     return records + missing
@@ -172,19 +173,19 @@ def generate_completions(
 
 
 def score_policy(
-    model, tokenizer, rows: list[dict[str, Any]], chat: bool, eval_cfg: Any = None, max_workers: int = 4, **gen: Any
+    model, tokenizer, rows: list[dict[str, Any]], chat: bool, eval_cfg: Any = None, **gen: Any
 ) -> list[EvalRecord]:
     """Generate with the policy, then evaluate every completion."""
     from opsynth.rl.train_reward import KernelReward
 
     pairs = generate_completions(model, tokenizer, rows, chat, **gen)
-    reward = KernelReward(eval_cfg, max_workers=max_workers)
+    reward = KernelReward(eval_cfg)
     return reward.evaluate_batch([r["code"] for r, _ in pairs], [t for _, t in pairs], [r["task_id"] for r, _ in pairs])
 
 
 def score(
     shards: str, split: str = "heldout", candidates: str | None = None, policy: str | None = None,
-    heldout_fraction: float = 0.1, limit: int | None = None, max_workers: int = 4, out: str | None = None,
+    heldout_fraction: float = 0.1, limit: int | None = None, build_workers: int | None = None, out: str | None = None,
     eval_cfg: Any = None, samples_per_task: int = 1, max_new_tokens: int = 1024, temperature: float = 0.0,
 ) -> dict[str, Any]:
     """Score candidates or a policy on a split of the shards; print the table, optionally write JSON."""
@@ -193,15 +194,19 @@ def score(
     if (candidates is None) == (policy is None):
         raise ValueError("give exactly one of candidates=DIR or policy=PATH_OR_ID")
     rows = select_tasks(shards, split=split, heldout_fraction=heldout_fraction, limit=limit)
+    if eval_cfg is None:
+        from opsynth.rl.eval_types import RewardConfig
+
+        eval_cfg = RewardConfig(build_workers=build_workers)
     if candidates is not None:
-        records = score_candidates(rows, candidates, eval_cfg, max_workers)
+        records = score_candidates(rows, candidates, eval_cfg)
         what = f"candidates {candidates}"
     else:
         from opsynth.rl.policy import PolicyConfig, load_policy
 
         cache = os.path.join(out or ".", "policy_cache") if out else os.path.join("outputs", "score_policy_cache")
         model, tok, chat = load_policy(PolicyConfig(name_or_path=policy), cache, corpus=[r["code"] for r in rows])
-        records = score_policy(model, tok, rows, chat, eval_cfg, max_workers, samples_per_task=samples_per_task,
+        records = score_policy(model, tok, rows, chat, eval_cfg, samples_per_task=samples_per_task,
                                max_new_tokens=max_new_tokens, temperature=temperature)
         what = f"policy {policy}"
     summary = summarize(records)
@@ -223,13 +228,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g.add_argument("--policy")
     p.add_argument("--heldout-fraction", type=float, default=0.1)
     p.add_argument("--limit", type=int)
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--build-workers", type=int, help="parallel candidate builds (default: half the cores)")
     p.add_argument("--samples-per-task", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out")
     a = p.parse_args(argv)
-    return score(a.shards, a.split, a.candidates, a.policy, a.heldout_fraction, a.limit, a.workers, a.out,
+    return score(a.shards, a.split, a.candidates, a.policy, a.heldout_fraction, a.limit, a.build_workers, a.out,
                  samples_per_task=a.samples_per_task, max_new_tokens=a.max_new_tokens, temperature=a.temperature)
 
 

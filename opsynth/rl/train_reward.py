@@ -2,7 +2,8 @@
 
 TRL calls a reward function as `f(prompts=..., completions=..., task_code=[...], **columns)` and
 wants one float per completion. Each evaluation compiles and runs a candidate in a child process, so
-they run concurrently (a thread per evaluation only waits on its child). Per-completion outcomes are
+a batch goes to the environment's `evaluate_many` in one call: builds run in parallel on the CPU
+while measurements take turns on the device (set `RewardConfig.build_workers`). Per-completion outcomes are
 fed to TRL's `log_metric` (which averages them across ranks and logging steps, so a 0/1 value per
 completion becomes an exact rate) and appended to a JSON-lines log of every evaluation.
 """
@@ -13,7 +14,6 @@ import json
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from opsynth.rl.prompts import completion_text
@@ -22,11 +22,24 @@ from opsynth.rl.score import EvalRecord, record_from_result
 REWARD_LEVELS = (-1, 1, 2, 3)
 
 
-def _evaluate(task_code: str, candidate: str, eval_cfg: Any):
+def _evaluate_many(pairs: list[tuple[str, str]], eval_cfg: Any) -> list[Any]:
     # Imported lazily so the rest of the training stage imports without the reward environment.
-    from opsynth.rl.evaluate import evaluate
+    # evaluate_many builds candidates in parallel and measures them one at a time on the device,
+    # with one reference run per distinct task in the batch.
+    from opsynth.rl.evaluate import evaluate_many
 
-    return evaluate(task_code, candidate, eval_cfg)
+    return evaluate_many(pairs, eval_cfg)
+
+
+def _as_candidate(text: str) -> str | None:
+    """The code of a completion, or None when it has none.
+
+    Extracting here (rather than handing the raw text over) also means a completion is never
+    mistaken for a path on disk: extracted code always ends with a newline.
+    """
+    from opsynth.rl.candidate import extract_candidate
+
+    return extract_candidate(text)
 
 
 class KernelReward:
@@ -42,36 +55,52 @@ class KernelReward:
     def __init__(
         self,
         eval_cfg: Any = None,
-        max_workers: int = 4,
         completion_to_candidate: Callable[[str], str] | None = None,
         log_path: str | None = None,
-        evaluate_fn: Callable[[str, str, Any], Any] | None = None,
+        evaluate_many_fn: Callable[[list[tuple[str, str]], Any], list[Any]] | None = None,
     ):
         self.eval_cfg = eval_cfg
-        self.max_workers = max(1, int(max_workers))
         self.completion_to_candidate = completion_to_candidate
         self.log_path = log_path
-        self._evaluate = evaluate_fn or _evaluate
+        self._evaluate_many = evaluate_many_fn or _evaluate_many
         self._lock = threading.Lock()
         self.history: list[EvalRecord] = []  # every evaluation this process made, in order
 
-    def _one(self, task_code: str, text: str, task_id: str | None) -> EvalRecord:
-        candidate = self.completion_to_candidate(text) if self.completion_to_candidate else text
-        try:
-            result = self._evaluate(task_code, candidate, self.eval_cfg)
-        except Exception as exc:  # the environment should never raise; if it does, it is a -1
-            return EvalRecord(task_id=task_id, reward=-1.0, correct=False, reason=f"reward_env_error: {exc!r}"[:300])
-        return record_from_result(result, task_id=task_id)
-
     def evaluate_batch(
-        self, task_codes: list[str], texts: list[str], task_ids: list[str | None] | None = None
+        self,
+        task_codes: list[str],
+        texts: list[str],
+        task_ids: list[str | None] | None = None,
+        from_completions: bool = True,
     ) -> list[EvalRecord]:
-        """Evaluate completions concurrently; results come back in input order."""
-        task_ids = task_ids or [None] * len(texts)
-        if self.max_workers == 1 or len(texts) == 1:
-            return [self._one(c, t, i) for c, t, i in zip(task_codes, texts, task_ids)]
-        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(texts))) as pool:
-            return list(pool.map(self._one, task_codes, texts, task_ids))
+        """Evaluate a batch in one reward-environment call; results come back in input order.
+
+        `from_completions`: the texts are model completions (code is extracted first, and one with
+        no code scores -1 `no_code` without a child process); otherwise they are candidate sources
+        or workspace paths, handed over as they are.
+        """
+        task_ids = list(task_ids) if task_ids else [None] * len(texts)
+        records: list[EvalRecord | None] = [None] * len(texts)
+        pairs, where = [], []
+        for i, (code, text) in enumerate(zip(task_codes, texts)):
+            cand = self.completion_to_candidate(text) if self.completion_to_candidate else text
+            if from_completions:
+                cand = _as_candidate(cand)
+                if cand is None:
+                    records[i] = EvalRecord(task_id=task_ids[i], reward=-1.0, correct=False, reason="no_code")
+                    continue
+            pairs.append((code, cand))
+            where.append(i)
+        if pairs:
+            try:
+                results = self._evaluate_many(pairs, self.eval_cfg)
+                done = [record_from_result(r, task_id=task_ids[i]) for i, r in zip(where, results)]
+            except Exception as exc:  # the environment should never raise; if it does, each is a -1
+                reason = f"reward_env_error: {exc!r}"[:300]
+                done = [EvalRecord(task_id=task_ids[i], reward=-1.0, correct=False, reason=reason) for i in where]
+            for i, rec in zip(where, done):
+                records[i] = rec
+        return records  # type: ignore[return-value]
 
     def __call__(
         self,

@@ -50,7 +50,7 @@ class TrainSettings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # GRPOConfig keyword arguments; `steps` is accepted for `max_steps`.
     trainer: dict[str, Any] = field(default_factory=dict)
-    reward_workers: int = 4
+    reward_workers: int = 4  # candidate builds in parallel per process
     reward_env: dict[str, Any] = field(default_factory=dict)  # RewardConfig fields, if any
 
     @classmethod
@@ -85,11 +85,15 @@ def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
     return GRPOConfig(output_dir=settings.output_dir, seed=settings.seed, **kwargs)
 
 
-def _reward_env_config(values: dict[str, Any]):
-    if not values:
-        return None
-    from opsynth.rl.evaluate import RewardConfig
+def reward_env_config(settings: TrainSettings):
+    """The reward environment's `RewardConfig`; `reward_workers` sets its parallel builds."""
+    from opsynth.rl.eval_types import RewardConfig
 
+    values = dict(settings.reward_env)
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(RewardConfig)})
+    if unknown:
+        raise ValueError(f"RewardConfig has no field(s) {unknown}")
+    values.setdefault("build_workers", settings.reward_workers)
     return RewardConfig(**values)
 
 
@@ -148,8 +152,7 @@ def train(
     args = grpo_config(settings)
     rank = int(os.environ.get("RANK", "0"))
     reward_fn = KernelReward(
-        _reward_env_config(settings.reward_env),
-        max_workers=settings.reward_workers,
+        reward_env_config(settings),
         completion_to_candidate=completion_to_candidate,
         log_path=os.path.join(settings.output_dir, f"evaluations-rank{rank}.jsonl"),
     )
