@@ -5,7 +5,7 @@ Two views of a task, each compared by the multiset Dice coefficient of its n-gra
 
 - *structure*: 1- to 3-grams of the canonical Model tokens (``normalize.model_tokens``): the code's
   shape, data flow and library calls, with author names and literals abstracted;
-- *operators*: 1- and 2-grams (with start/end marks) of the ordered operator keys from ``parse_task``.
+- *operators*: 1- and 2-grams (with start/end marks) of the operator keys in canonical statement order.
 
 The similarity is the smaller of the two: a task is as similar to a problem as its least similar view.
 A renamed, resized, reordered or re-commented copy scores 1.0 on both; a copy with one operator
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from opsynth.dedup.normalize import model_tokens, op_keys
+from opsynth.dedup.normalize import model_tokens
 from opsynth.render.parse import TaskFacts, parse_task
 
-__all__ = ["Fingerprint", "fingerprint", "dice", "ast_similarity", "ReferenceMatrix", "STRUCT_NGRAMS"]
+__all__ = ["Fingerprint", "fingerprint", "canonical_op_keys", "dice", "ast_similarity", "ReferenceMatrix", "STRUCT_NGRAMS"]
 
 STRUCT_NGRAMS = 3
 
@@ -49,10 +49,42 @@ class Fingerprint:
     op_keys: tuple[str, ...]
 
 
+def canonical_op_keys(tokens: list[str]) -> tuple[str, ...]:
+    """Operator keys applied outside ``__init__``, in the canonical statement order of the tokens.
+
+    Unlike ``parse_task(...).ops`` (source order), swapping two independent statements leaves this
+    unchanged, so the operator view is as order-robust as the structure view.
+    """
+    start = len(tokens)
+    for marker in ("def:forward", "def"):
+        if marker in tokens:
+            start = min(start, tokens.index(marker))
+    # Tokens are prefix notation (a CALL's head precedes its arguments; ")" closes CALL, "(" and "[");
+    # emitting each call at its closing token gives evaluation order: torch.relu(conv(x)) -> conv, relu.
+    keys: list[str] = []
+    stack: list[str | None] = []
+    for i in range(start, len(tokens)):
+        t = tokens[i]
+        if t == "CALL":
+            head = tokens[i + 1] if i + 1 < len(tokens) else ""
+            stack.append(head if head.startswith(("lib:", "M:")) else None)
+        elif t == "(" or t == "[":
+            stack.append(None)
+        elif t == ")" and stack:
+            head = stack.pop()
+            if head is None:
+                continue
+            if head.startswith("lib:"):
+                keys.append(head[4:])
+            else:
+                keys.extend(k for k in head[2:].split(",") if k)
+    return tuple(keys)
+
+
 def fingerprint(task: str | TaskFacts) -> Fingerprint:
     facts = parse_task(task) if isinstance(task, str) else task
-    keys = tuple(op_keys(facts.ops))
     toks = model_tokens(facts, keep_literals=False)
+    keys = canonical_op_keys(toks)
     return Fingerprint(struct=_ngrams(toks, STRUCT_NGRAMS), ops=_ngrams(("^",) + keys + ("$",), 2), op_keys=keys)
 
 
