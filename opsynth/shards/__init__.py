@@ -2,16 +2,19 @@
 
 from opsynth.shards.schema import COLUMNS, SCHEMA, RowValidationError, validate_row
 from opsynth.shards.stats import RunStats
-from opsynth.shards.writer import ShardWriter, count_rows, existing_task_ids, list_shards, read_rows
+from opsynth.shards.progress import RunProgress
+from opsynth.shards.writer import ShardWriter, count_rows, existing_task_ids, iter_rows, list_shards, read_rows
 
 __all__ = [
     "COLUMNS",
     "SCHEMA",
     "RowValidationError",
+    "RunProgress",
     "RunStats",
     "ShardWriter",
     "count_rows",
     "existing_task_ids",
+    "iter_rows",
     "list_shards",
     "read_rows",
     "validate_row",

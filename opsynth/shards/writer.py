@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,15 +107,20 @@ def list_shards(output_dir: str | os.PathLike) -> list[ShardFile]:
     return _scan(Path(output_dir) / DATA_DIR)[0]
 
 
+def iter_rows(
+    output_dir: str | os.PathLike, columns: list[str] | None = None, batch_size: int = 1_000
+) -> Iterator[dict[str, Any]]:
+    """Rows already written under `output_dir`, in write order, one row group batch in memory at a time."""
+    for shard in list_shards(output_dir):
+        pf = pq.ParquetFile(shard.path)
+        check_schema(pf.schema_arrow, f" ({shard.path})")
+        for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+            yield from batch.to_pylist()
+
+
 def read_rows(output_dir: str | os.PathLike, columns: list[str] | None = None) -> list[dict[str, Any]]:
     """All rows already written under `output_dir`, in write order (empty when there is nothing)."""
-    rows: list[dict[str, Any]] = []
-    for shard in list_shards(output_dir):
-        table = pq.read_table(shard.path, columns=columns)
-        if columns is None:
-            check_schema(table.schema, f" ({shard.path})")
-        rows.extend(table.to_pylist())
-    return rows
+    return list(iter_rows(output_dir, columns=columns))
 
 
 def existing_task_ids(output_dir: str | os.PathLike) -> list[str]:

@@ -88,3 +88,19 @@ def test_run_stats_counts_and_round_trips():
     assert RunStats.from_dict(json.loads(json.dumps(d))) == s
     with pytest.raises(ValueError):
         s.reject("")
+
+
+def test_progress_bar_shows_accepted_rejected_and_rate():
+    import io
+
+    from opsynth.shards.progress import RunProgress
+
+    buf = io.StringIO()
+    stats = RunStats(resumed_rows=5)
+    with RunProgress(stats, total=20, file=buf, disable=False, mininterval=0) as bar:
+        stats.accept(3)
+        stats.reject("timeout")
+        bar.update()
+    text = buf.getvalue()
+    assert "8/20" in text  # 5 rows from an earlier run + 3 accepted now
+    assert "rejected=1" in text and "accept_rate=75%" in text and "cand/min=" in text
