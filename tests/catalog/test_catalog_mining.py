@@ -1,0 +1,69 @@
+"""The catalog is mined, broad, and free of stochastic operators."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from opsynth.catalog import CATEGORIES, load_catalog
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+def test_at_least_100_torch_ops_in_10_categories(catalog):
+    torch_ops = catalog.names(source="torch")
+    assert len(torch_ops) >= 100
+    cats = {catalog[n].category for n in torch_ops}
+    assert len(cats) >= 10, cats
+    assert cats <= set(CATEGORIES)
+
+
+def test_core_operators_present_with_ranks(catalog):
+    for name, rank in [("nn.Conv2d", 4), ("nn.Linear", 2), ("torch.relu", 4), ("nn.BatchNorm2d", 4),
+                       ("nn.MaxPool2d", 4), ("torch.softmax", 2), ("nn.ConvTranspose3d", 5), ("torch.mean", 3)]:
+        assert name in catalog, name
+        assert rank in catalog[name].ranks, (name, catalog[name].ranks)
+    assert catalog["nn.ConvTranspose2d"].category == "transposed_convolution"
+    assert catalog["nn.Linear"].category == "linear"
+
+
+def test_stochastic_operators_are_excluded_with_reason(catalog):
+    for name in ("nn.Dropout", "nn.AlphaDropout", "nn.RReLU", "nn.Dropout2d", "F.rrelu"):
+        assert name not in catalog
+        assert "stochastic" in catalog.excluded[name] or "random" in catalog.excluded[name], catalog.excluded[name]
+
+
+def test_every_excluded_candidate_has_a_reason(catalog):
+    assert catalog.excluded and all(isinstance(r, str) and r for r in catalog.excluded.values())
+
+
+def test_transformers_seeds_when_installed(catalog):
+    pytest.importorskip("transformers")
+    tf = catalog.names(source="transformers")
+    assert len(tf) >= 10
+    kinds = " ".join(tf)
+    assert "RMSNorm" in kinds and "MLP" in kinds and "Attention" in kinds and "GELU" in kinds
+
+
+def test_catalog_without_transformers(catalog):
+    no_tf = load_catalog(False)
+    assert not no_tf.names(source="transformers")
+    assert no_tf.names(source="torch") == catalog.names(source="torch")
+
+
+def test_cli_json_counts(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "opsynth.catalog", "--json"], capture_output=True, text=True,
+                         check=True, timeout=300)
+    data = json.loads(out.stdout)
+    assert data["total"] == len(data["ops"]) == sum(data["counts"].values())
+    assert data["counts"]["convolution"] >= 3
+
+
+def test_cli_text_lists_categories():
+    out = subprocess.run([sys.executable, "-m", "opsynth.catalog", "--no-transformers"], capture_output=True,
+                         text=True, check=True, timeout=300)
+    assert "convolution (" in out.stdout and "operators in" in out.stdout
