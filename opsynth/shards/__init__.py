@@ -1,4 +1,15 @@
-"""Parquet shards in the Hub layout, the dataset card, the run report and the Hub upload."""
+"""Parquet shards in the Hub layout, the dataset card, the run report and the Hub upload.
+
+The end of a generate run, in order:
+
+    writer = ShardWriter(output_dir, rows_per_shard=..., row_group_size=...)  # resumes what is there
+    # rebuild within-run dedup from iter_rows(output_dir); skip candidates with `task_id in writer`
+    writer.write(row)                 # per accepted task; writer.flush() now and then bounds crash loss
+    files = writer.finalize()         # data/train-XXXXX-of-YYYYY.parquet
+    write_report(output_dir, stats)   # report.json + plots/*.png (before the card, which links the plots)
+    write_card(output_dir, stats, repo_id=...)   # README.md
+then `python -m pipelines.push output_dir=... repo_id=...`.
+"""
 
 from opsynth.shards.schema import COLUMNS, SCHEMA, RowValidationError, validate_row
 from opsynth.shards.stats import RunStats
