@@ -1,0 +1,115 @@
+"""Reference child: Model's weights, fresh inputs, reference outputs, and eager / compile timings.
+
+`python -m opsynth.rl.reference_runner job.json`. Seeds come from the parent; the candidate only
+ever sees the inputs file, after this child has exited.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+from opsynth.rl.sandbox import child_main
+
+
+def _to_cpu(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return [_to_cpu(v) for v in x]
+    return x
+
+
+def _make_inputs(mod, seed: int, device: str):
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return list(mod.get_inputs())
+
+
+def run(job: dict) -> dict:
+    import torch
+
+    from opsynth.rl.task_io import as_output_list, load_task_module, with_second_shape
+    from opsynth.rl.timing import Timer, time_forward
+
+    if job.get("cpu_threads"):
+        torch.set_num_threads(int(job["cpu_threads"]))
+    device = job["device"]
+    source = open(job["task_path"]).read()
+    try:
+        mod = load_task_module(source)
+        init_inputs = list(mod.get_init_inputs())
+        torch.manual_seed(int(job["init_seed"]))
+        with torch.device(device):
+            model = mod.Model(*init_inputs)
+        model = model.to(device).eval()
+    except Exception:
+        traceback.print_exc()
+        return {"reason": "task_error"}
+
+    trials, outputs = [], []
+    with torch.no_grad():
+        for seed in job["trial_seeds"]:
+            inputs = _make_inputs(mod, int(seed), device)
+            out = as_output_list(model(*inputs))
+            if not all(isinstance(o, torch.Tensor) for o in out):
+                return {"reason": "task_error", "error": "Model output is not tensors"}
+            trials.append(_to_cpu(inputs))
+            outputs.append(_to_cpu(out))
+        second_inputs = second_outputs = None
+        if job.get("second_shape"):
+            src2 = with_second_shape(source)
+            if src2 is not None:
+                mod2 = load_task_module(src2, "task_module_second")
+                inputs = _make_inputs(mod2, int(job["second_seed"]), device)
+                second_inputs = _to_cpu(inputs)
+                second_outputs = _to_cpu(as_output_list(model(*inputs)))
+
+    meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
+    torch.save(
+        {
+            "init_inputs": init_inputs,
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "trials": trials,
+            "second": second_inputs,
+        },
+        job["data_path"],
+    )
+    torch.save({"trials": outputs, "second": second_outputs}, job["ref_outputs_path"])
+    result = {
+        "reason": "ok",
+        "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
+        "has_second": second_inputs is not None,
+        "eager_ms": None,
+        "compile_ms": None,
+    }
+    if not job.get("measure_baselines"):
+        return result
+
+    warmup, repeats = job["timing"]
+    timer = Timer(device, job.get("flush_l2", True))
+    contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
+    buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
+    with torch.no_grad():
+        result["eager_ms"], _ = time_forward(model, buffers, contents, timer, warmup, repeats)
+        print(f"[reference] eager {result['eager_ms']:.4f} ms", flush=True)
+        if job.get("compile_baseline"):
+            try:
+                t0 = time.perf_counter()
+                compiled = torch.compile(model)
+                compiled(*buffers)  # compile outside the timed region
+                print(f"[reference] torch.compile took {time.perf_counter() - t0:.1f} s", flush=True)
+                result["compile_ms"], _ = time_forward(compiled, buffers, contents, timer, warmup, repeats)
+                print(f"[reference] compile {result['compile_ms']:.4f} ms", flush=True)
+            except Exception:
+                traceback.print_exc()
+                print("[reference] torch.compile baseline failed; reward 3 is out of reach", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    child_main(run)

@@ -1,0 +1,223 @@
+"""A learning check for the training loop: a one-token policy choosing among known candidates.
+
+A language model writing kernels learns far too slowly to show, in a few steps, that GRPO and the
+reward environment are wired the right way round. This module shrinks the problem to a bandit that
+still goes through everything real: a tiny Qwen2 whose whole completion is one token; token `A`, `B`
+or `C` names one of three known `ModelNew` programs for one task (correct and fast, correct and
+slow, wrong), which the reward environment compiles, runs and times for real. Training must move
+probability toward `A`. The CPU test and the H200 benchmark both use it (C++ or CUDA candidates).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+TASK = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """torch.relu -> torch.mul -> torch.add"""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        x = torch.relu(x)
+        x = torch.mul(x, self.scale)
+        x = torch.add(x, 1.0)
+        return x
+
+
+batch_size = 16
+dim = DIM
+scale = 2.0
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [scale]
+'''
+
+_CPU = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_SRC = r"""
+#include <torch/extension.h>
+#include <cmath>
+
+torch::Tensor fused(torch::Tensor x, double scale) {
+    auto xc = x.contiguous();
+    auto out = torch::empty_like(xc);
+    const float* in = xc.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    const float s = static_cast<float>(scale);
+    const int64_t n = xc.numel();
+    for (int64_t i = 0; i < n; ++i) {
+        float v = in[i] > 0.f ? in[i] : 0.f;
+        BODY
+    }
+    return out;
+}
+"""
+
+_ext = load_inline(name="NAME", cpp_sources=[_SRC], functions=["fused"], extra_cflags=["-O3"], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return _ext.fused(x, self.scale)
+'''
+
+_CUDA = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CPP = "torch::Tensor fused(torch::Tensor x, double scale);"
+
+_CU = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+#include <c10/cuda/CUDAStream.h>
+
+__global__ void fused_kernel(const float* __restrict__ in, float* __restrict__ o, float s, long n) {
+    long start = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    long stride = (long)blockDim.x * gridDim.x;
+    for (long i = start; i < n; i += stride) {
+        float v = in[i] > 0.f ? in[i] : 0.f;
+        BODY
+    }
+}
+
+torch::Tensor fused(torch::Tensor x, double scale) {
+    auto xc = x.contiguous();
+    auto out = torch::empty_like(xc);
+    long n = xc.numel();
+    int threads = THREADS;
+    int blocks = BLOCKS;
+    fused_kernel<<<blocks, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        xc.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
+    return out;
+}
+"""
+
+_ext = load_inline(name="NAME", cpp_sources=[_CPP], cuda_sources=[_CU], functions=["fused"],
+                   extra_cuda_cflags=["-O3"], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return _ext.fused(x, self.scale)
+'''
+
+_FAST_BODY = "o[i] = v * s + 1.f;"
+# The same value pushed through 64 dependent square roots: correct, and slow.
+_SLOW_BODY = "float w = v; for (int r = 0; r < 64; ++r) { w = sqrtf(w * w); } o[i] = w * s + 1.f;"
+_WRONG_BODY = "o[i] = in[i] * s + 1.f;"  # forgets the relu
+
+VOCAB = ["<pad>", "<eos>", "A", "B", "C", "go"]
+PROMPT = "go"
+
+
+def task_source(dim: int = 65536) -> str:
+    """The bandit's task (relu -> mul -> add on a batch_size x dim input)."""
+    return TASK.replace("DIM", str(dim))
+
+
+def candidates(device: str) -> dict[str, str]:
+    """Token -> ModelNew source: A correct and fast, B correct and slow, C wrong."""
+    if device == "cuda":
+        def make(name, body, threads="256", blocks="(int)std::min((n + 255) / 256, (long)65535)"):
+            return (_CUDA.replace("NAME", name).replace("BODY", body)
+                    .replace("THREADS", threads).replace("BLOCKS", blocks))
+
+        return {
+            "A": make("opsynth_bandit_fast_cu", _FAST_BODY),
+            # One block of 32 threads walking the whole tensor: a correct but badly launched kernel.
+            "B": make("opsynth_bandit_slow_cu", _SLOW_BODY, threads="32", blocks="1"),
+            "C": make("opsynth_bandit_wrong_cu", _WRONG_BODY),
+        }
+    make = lambda name, body: _CPU.replace("NAME", name).replace("BODY", body)  # noqa: E731
+    return {
+        "A": make("opsynth_bandit_fast", _FAST_BODY),
+        "B": make("opsynth_bandit_slow", _SLOW_BODY.replace("sqrtf", "std::sqrt")),
+        "C": make("opsynth_bandit_wrong", _WRONG_BODY),
+    }
+
+
+def choice_mapper(device: str):
+    """completion text -> candidate source (unknown tokens pass through and score `no_code`)."""
+    table = candidates(device)
+    return lambda text: table.get(text.strip(), text)
+
+
+def one_token_policy(seed: int = 0):
+    """(model, tokenizer): a tiny Qwen2 over a six-word vocabulary; its completion is one token."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token=PROMPT))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                        padding_side="left")
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
+                         tie_word_embeddings=False, eos_token_id=1, pad_token_id=0, bos_token_id=1)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, do_sample=True)
+    return model, tokenizer
+
+
+def prompt_fn(row: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt": PROMPT, "task_code": row["code"], "task_id": row["task_id"]}
+
+
+def write_task_shards(folder: str, code: str, n: int = 4) -> str:
+    """A shard folder (Hub layout) holding `n` copies of one task under distinct ids."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.join(folder, "data"), exist_ok=True)
+    rows = [dict(code=code, ops=["torch.relu", "torch.mul", "torch.add"], num_ops=3, task_id=f"bandit_{i}")
+            for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows), os.path.join(folder, "data", "train-00000-of-00001.parquet"))
+    return str(folder)
+
+
+def bandit_settings(shards: str, output_dir: str, steps: int = 8, num_generations: int = 6,
+                    learning_rate: float = 0.1, seed: int = 0, reward_env: dict | None = None):
+    """Training settings that make the bandit learn within a handful of steps."""
+    from opsynth.rl.trainer import TrainSettings
+
+    return TrainSettings(
+        shards=shards, output_dir=output_dir, split="all", seed=seed, reward_workers=2,
+        reward_env=dict(reward_env or {}),
+        trainer=dict(steps=steps, learning_rate=learning_rate, beta=0.0, num_generations=num_generations,
+                     per_device_train_batch_size=num_generations, max_completion_length=1, temperature=1.0,
+                     save_steps=10_000, loss_type="grpo", bf16=False, gradient_checkpointing=False),
+    )
+
+
+def train_bandit(shards: str, output_dir: str, device: str, **kw: Any) -> dict[str, Any]:
+    """Run GRPO on the bandit; returns the training summary (reward per step included)."""
+    from opsynth.rl.trainer import train
+
+    settings = bandit_settings(shards, output_dir, **kw)
+    return train(settings, completion_to_candidate=choice_mapper(device),
+                 model_and_tokenizer=one_token_policy(settings.seed), prompt_fn=prompt_fn)

@@ -1,0 +1,53 @@
+"""`python -m pipelines.evaluate task=PATH candidate=PATH`: reward of one candidate for one task.
+
+Thin Hydra entry point over `run(cfg)`; prints one JSON object (reward, correct, reason, times, ...)
+on its last line. `mode` selects what to do, so other modes (e.g. scoring a policy) slot in beside.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+
+def _reward(cfg: Any) -> dict:
+    from opsynth.rl.eval_types import RewardConfig
+    from opsynth.rl.evaluate import evaluate
+
+    rcfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
+    task = Path(str(cfg["task"])).read_text()
+    result = evaluate(task, Path(str(cfg["candidate"])), rcfg)
+    if cfg.get("show_log"):
+        print(result.log, file=sys.stderr)
+    out = result.to_dict()
+    out.pop("log")
+    return out
+
+
+MODES = {"reward": _reward}
+
+
+def run(cfg: Any) -> dict:
+    """Plain entry (tests call it with a dict or DictConfig): dispatches on cfg['mode'] and prints JSON."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    mode = cfg.get("mode", "reward")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {sorted(MODES)}")
+    out = MODES[mode](cfg)
+    print(json.dumps(out, default=str), flush=True)
+    return out
+
+
+@hydra.main(config_path="../conf", config_name="evaluate", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
