@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import heapq
 
 from opsynth.render.parse import (
     BINOP_TO_TORCH,
@@ -58,10 +57,11 @@ def _is_super_init(stmt: ast.stmt) -> bool:
     )
 
 
-def _deps(stmt: ast.stmt) -> tuple[frozenset, frozenset, bool]:
-    """(names defined, names used, barrier). ``self.x`` counts as the name ``self.x``."""
+def _deps(stmt: ast.stmt) -> tuple[frozenset, frozenset, bool, dict]:
+    """(names defined, names used, barrier, load count per plain name). ``self.x`` counts as ``self.x``."""
     defs: set[str] = set()
     uses: set[str] = set()
+    loads: dict[str, int] = {}
     barrier = isinstance(stmt, (ast.Expr, ast.Return, ast.Raise, ast.Assert, ast.Global, ast.Nonlocal, ast.Delete))
     stack = [stmt]
     while stack:
@@ -69,7 +69,11 @@ def _deps(stmt: ast.stmt) -> tuple[frozenset, frozenset, bool]:
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) and n is not stmt:
             continue
         if isinstance(n, ast.Name):
-            (defs if isinstance(n.ctx, (ast.Store, ast.Del)) else uses).add(n.id)
+            if isinstance(n.ctx, (ast.Store, ast.Del)):
+                defs.add(n.id)
+            else:
+                uses.add(n.id)
+                loads[n.id] = loads.get(n.id, 0) + 1
             continue
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
             (defs if isinstance(n.ctx, (ast.Store, ast.Del)) else uses).add("self." + n.attr)
@@ -87,7 +91,7 @@ def _deps(stmt: ast.stmt) -> tuple[frozenset, frozenset, bool]:
             continue
         stack.extend(ast.iter_child_nodes(n))
     uses.discard("self")
-    return frozenset(defs), frozenset(uses), barrier
+    return frozenset(defs), frozenset(uses), barrier, loads
 
 
 class _Tokens:
@@ -117,6 +121,7 @@ class _Tokens:
         # name resolution state for the statement being emitted
         self.params: dict[str, str] = {}
         self.defpos: dict[str, int] = {}
+        self.pending: dict[str, list[str]] = {}
         self.cur_defs: set[str] = set()
         self.pos = 0
         self.abstract = False
@@ -133,6 +138,8 @@ class _Tokens:
             out.append("P" if i in self.params else ("G" if i in self.globals else ("b:" + i if i in _BUILTINS else "N")))
         elif i in self.cur_defs:
             out.append("R0")
+        elif i in self.pending:
+            out.extend(self.pending.pop(i))
         elif i in self.defpos:
             out.append(f"R{self.pos - self.defpos[i]}")
         elif i in self.params:
@@ -366,51 +373,117 @@ class _Tokens:
             self.expr(d, out)
         order = self._canonical_order(body)
         self.abstract = False
+        seq = [body[i] for i in order]
+        info = [self._info[i] for i in order]
+        inline = _single_use_definitions(seq, info)
         self.defpos = {}
-        for pos, idx in enumerate(order):
+        self.pending = {}
+        pos = 0
+        for k, stmt in enumerate(seq):
             self.pos = pos
             self.cur_defs = set()
-            self.stmt(body[idx], out)
+            if k in inline:
+                # x = f(y) used once later: its expression is emitted where x is used, so
+                # "x = conv(x); x = relu(x); return x" and "return relu(conv(x))" give the same tokens
+                name, value = inline[k]
+                buf: list[str] = []
+                self.expr(value, buf)
+                self.defpos.pop(name, None)
+                self.pending[name] = buf
+                continue
+            self.stmt(stmt, out)
             for d in self.cur_defs:
                 self.defpos[d] = pos
+                self.pending.pop(d, None)
+            pos += 1
+        self.pending = {}
         self.cur_defs = set()
         return out
 
     def _canonical_order(self, body: list[ast.stmt]) -> list[int]:
         """A topological order of the statements' def-use dependencies, ties broken by abstract tokens."""
         n = len(body)
+        info = [_deps(s) for s in body]
+        self._info = info
         if n <= 1:
             return list(range(n))
-        info = [_deps(s) for s in body]
         preds: list[set[int]] = [set() for _ in range(n)]
         for j in range(n):
-            dj, uj, bj = info[j]
+            dj, uj, bj, _ = info[j]
             for i in range(j):
-                di, ui, bi = info[i]
+                di, ui, bi, _ = info[i]
                 if bi or bj or (di & uj) or (ui & dj) or (di & dj):
                     preds[j].add(i)
-        self.abstract = True
-        keys = []
-        for s in body:
-            toks: list[str] = []
-            self.stmt(s, toks)
-            keys.append(" ".join(toks))
         succ: list[list[int]] = [[] for _ in range(n)]
         indeg = [len(p) for p in preds]
         for j, p in enumerate(preds):
             for i in p:
                 succ[i].append(j)
-        heap = [(keys[i], i) for i in range(n) if indeg[i] == 0]
-        heapq.heapify(heap)
+        # Kahn's algorithm; tie-break keys (the statement's tokens with names abstracted) are only
+        # computed when two statements are ready at once, which a plain chain never needs.
+        keys: dict[int, str] = {}
+        ready = [i for i in range(n) if indeg[i] == 0]
         order: list[int] = []
-        while heap:
-            _, i = heapq.heappop(heap)
+        while ready:
+            if len(ready) == 1:
+                i = ready.pop()
+            else:
+                for r in ready:
+                    if r not in keys:
+                        self.abstract = True
+                        toks: list[str] = []
+                        self.stmt(body[r], toks)
+                        keys[r] = " ".join(toks)
+                i = min(ready, key=lambda r: (keys[r], r))
+                ready.remove(i)
             order.append(i)
             for j in succ[i]:
                 indeg[j] -= 1
                 if indeg[j] == 0:
-                    heapq.heappush(heap, (keys[j], j))
+                    ready.append(j)
+        self.abstract = False
         return order
+
+
+_SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr)
+
+
+def _definition(stmt: ast.stmt) -> tuple[str, ast.AST] | None:
+    """``x = e`` / ``x: T = e`` / ``x += e`` with a plain name: (name, the value x gets)."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id, stmt.value
+    if isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name):
+        return stmt.target.id, stmt.value
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        return stmt.target.id, ast.BinOp(left=ast.Name(id=stmt.target.id, ctx=ast.Load()), op=stmt.op, right=stmt.value)
+    return None
+
+
+def _single_use_definitions(seq: list[ast.stmt], info: list[tuple]) -> dict[int, tuple[str, ast.AST]]:
+    """Positions of definitions whose value is read exactly once, by a later simple statement, with
+    nothing in between that redefines what the value reads or has side effects: safe to inline."""
+    out: dict[int, tuple[str, ast.AST]] = {}
+    n = len(seq)
+    for k in range(n - 1):
+        d = _definition(seq[k])
+        if d is None:
+            continue
+        name = d[0]
+        reads = info[k][1]
+        total, user = 0, -1
+        for m in range(k + 1, n):
+            c = info[m][3].get(name, 0)
+            if c:
+                total += c
+                user = m
+            if name in info[m][0] or total > 1:
+                break
+        if total != 1 or not isinstance(seq[user], _SIMPLE):
+            continue
+        if any(info[m][2] or (info[m][0] & reads) for m in range(k + 1, user)):
+            continue
+        out[k] = d
+    return out
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:

@@ -124,19 +124,23 @@ class _CountMatrix:
     def dice(self, q: Counter) -> np.ndarray:
         idx: list[int] = []
         vals: list[float] = []
+        q_total = 0
         get = self.vocab.get
         for k, v in q.items():
+            q_total += v
             i = get(k)
             if i is not None:
                 idx.append(i)
                 vals.append(v)
-        q_total = float(sum(q.values()))
-        denom = self.totals + q_total
-        if not idx:
-            return np.where(denom == 0, 1.0, 0.0).astype(np.float32)
-        inter = np.minimum(self.m[idx], np.asarray(vals, dtype=np.float32)[:, None]).sum(axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(denom == 0, 1.0, 2.0 * inter / denom)
+        denom = self.totals + np.float32(q_total)
+        if idx:
+            sub = self.m[idx]  # (features in common, references): a copy we may overwrite
+            np.minimum(sub, np.asarray(vals, dtype=np.float32)[:, None], out=sub)
+            inter = sub.sum(axis=0)
+        else:
+            inter = np.zeros_like(denom)
+        # two empty views are identical (1.0)
+        return np.divide(2.0 * inter, denom, out=np.ones_like(denom), where=denom > 0)
 
 
 class ReferenceMatrix:

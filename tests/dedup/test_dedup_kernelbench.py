@@ -131,21 +131,50 @@ def test_a_different_operator_chain_is_not_rejected(index):
         assert m.max_similarity < 0.9
 
 
-def test_op_sequence_match_rejects_or_flags(kernelbench_parquet, index):
+def test_nested_and_step_by_step_forms_are_the_same_program(index):
     p = next(q for q in index.problems if q.key == "level_2/1_Conv2D_ReLU_BiasAdd")
-    # the same three operators written as one expression: structurally different, same chain
     nested = p.code.replace(
         "        x = self.conv(x)\n        x = torch.relu(x)\n        x = x + self.bias\n        return x",
         "        return torch.relu(self.conv(x)) + self.bias",
     )
     assert nested != p.code
     m = index.check(nested)
+    assert m.max_similarity == 1.0 and m.nearest == p.key and m.reason == "kb_similarity"
+
+
+FUNCTIONAL_CONV_RELU_BIAS = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, bias_shape):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size, kernel_size))
+        self.shift = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        y = F.conv2d(x, self.weight, stride=1)
+        y = F.relu(y)
+        return y + self.shift
+"""
+
+
+def test_op_sequence_match_rejects_or_flags(index):
+    """Same chain as level_2/1 (conv2d, relu, add) written functionally: different code, same operators."""
+    key = "level_2/1_Conv2D_ReLU_BiasAdd"
+    m = index.check(FUNCTIONAL_CONV_RELU_BIAS)
     assert m.max_similarity < 0.9
-    assert m.op_sequence_match == p.key
+    assert m.op_sequence_match == key
     assert m.rejected and m.reason == "kb_op_sequence"
     flag_only = KernelBenchIndex(index.problems, op_sequence_action="flag")
-    m2 = flag_only.check(nested)
-    assert m2.op_sequence_match == p.key and not m2.rejected and m2.reason is None
+    m2 = flag_only.check(FUNCTIONAL_CONV_RELU_BIAS)
+    assert m2.op_sequence_match == key and not m2.rejected and m2.reason is None
+    assert m2.max_similarity == m.max_similarity
+    # one operator more and it no longer matches
+    longer = FUNCTIONAL_CONV_RELU_BIAS.replace("return y + self.shift", "return torch.tanh(y + self.shift)")
+    assert index.check(longer).op_sequence_match is None
 
 
 def test_similarity_is_symmetric_and_bounded(level2):
