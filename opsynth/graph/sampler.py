@@ -60,7 +60,9 @@ class SamplingError(RuntimeError):
 @dataclass
 class SamplerConfig:
     mixture: dict = field(default_factory=lambda: dict(OPS6K_MIXTURE))
-    scale: float = 1.0  # multiplies every drawn size (a small value gives CPU-test-sized tasks)
+    # Multiplies every drawn size (a small value gives CPU-sized tasks). None: 1.0; the generate
+    # pipeline resolves None by device (1.0 on a GPU, CPU_SCALE on CPU).
+    scale: float | None = 1.0
     extra_edges: bool = False  # allow residual adds (an earlier tensor) and second inputs as operands
     p_extra_edge: float = 0.3
     category_weights: dict = field(default_factory=lambda: dict(DEFAULT_CATEGORY_WEIGHTS))
@@ -75,6 +77,8 @@ class SamplerConfig:
             raise ValueError(f"sampler.mixture has unknown keys {sorted(bad)}; allowed: {sorted(keys)}")
         if any(float(v) < 0 for v in self.mixture.values()) or sum(map(float, self.mixture.values())) <= 0:
             raise ValueError("sampler.mixture weights must be >= 0 and not all zero")
+        if self.scale is None:
+            self.scale = 1.0
         if not (0 < self.scale <= 64):
             raise ValueError(f"sampler.scale must be in (0, 64], got {self.scale}")
         if not (0 <= self.p_extra_edge <= 1):

@@ -1,0 +1,107 @@
+"""Dask clusters for the generate pipeline, one kind per `conf/cluster/*.yaml`.
+
+local       a `distributed.LocalCluster` on this machine (CPU verification when there is no GPU)
+local_cuda  one worker process per visible GPU, each advertising a `GPU` resource, so candidate
+            verification lands on a GPU worker and each worker pins its own device
+slurm       `dask_jobqueue.SLURMCluster`, scaled to `jobs` jobs
+scheduler   an existing cluster at `address`
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("local", "local_cuda", "slurm", "scheduler")
+
+
+@dataclass
+class ClusterConfig:
+    kind: str = "local"
+    n_workers: int = 0  # local: worker processes (0: one); local_cuda: ignored (one per GPU)
+    threads_per_worker: int = 0  # candidates in flight per worker (0: CPU cores per worker; 8 per GPU)
+    memory_limit: str = "auto"
+    address: str | None = None  # scheduler: tcp://host:8786
+    jobs: int = 1  # slurm: number of jobs
+    slurm: dict = field(default_factory=dict)  # passed to dask_jobqueue.SLURMCluster
+    dashboard: bool = False
+
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"cluster.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "scheduler" and not self.address:
+            raise ValueError("cluster=scheduler needs cluster.address=tcp://host:port of a running Dask scheduler")
+        if self.n_workers < 0 or self.threads_per_worker < 0:
+            raise ValueError("cluster.n_workers and cluster.threads_per_worker must be >= 0")
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+@dataclass
+class ClusterHandle:
+    client: Any
+    cluster: Any  # None for an external scheduler
+    kind: str
+    slots: int  # candidates the cluster can work on at once
+    gpu_resource: bool
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
+
+
+def start_cluster(cfg: ClusterConfig) -> ClusterHandle:
+    """Start (or connect to) the cluster; the caller closes it."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    cfg.validate()
+    # A candidate that kills its worker is retried once elsewhere; the second death is final
+    # (the pipeline records it as rejected, reason "killed_worker").
+    dask.config.set({"distributed.scheduler.allowed-failures": 1,
+                     "distributed.worker.daemon": False})
+    dash = ":0" if cfg.dashboard else None
+    cores = os.cpu_count() or 1
+    if cfg.kind == "local":
+        n = cfg.n_workers or 1
+        threads = cfg.threads_per_worker or max(1, cores // n)
+        cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=True,
+                               memory_limit=cfg.memory_limit, dashboard_address=dash,
+                               silence_logs=logging.WARNING)
+        return ClusterHandle(Client(cluster), cluster, cfg.kind, n * threads, False)
+    if cfg.kind == "local_cuda":
+        gpus = visible_gpus()
+        if gpus == 0:
+            raise RuntimeError("cluster=local_cuda but no CUDA GPU is visible; use cluster=local for CPU")
+        threads = cfg.threads_per_worker or 8
+        cluster = LocalCluster(n_workers=gpus, threads_per_worker=threads, processes=True,
+                               memory_limit=cfg.memory_limit, dashboard_address=dash,
+                               resources={"GPU": threads}, silence_logs=logging.WARNING)
+        return ClusterHandle(Client(cluster), cluster, cfg.kind, gpus * threads, True)
+    if cfg.kind == "slurm":
+        try:
+            from dask_jobqueue import SLURMCluster
+        except ImportError as e:
+            raise ImportError("cluster=slurm needs dask-jobqueue: pip install 'opsynth[slurm]'") from e
+        cluster = SLURMCluster(**cfg.slurm)
+        cluster.scale(jobs=cfg.jobs)
+        client = Client(cluster)
+        per_job = int(cfg.slurm.get("processes", 1) or 1) * int(cfg.slurm.get("cores", 1) or 1)
+        return ClusterHandle(client, cluster, cfg.kind, max(1, cfg.jobs * per_job), False)
+    client = Client(cfg.address)
+    info = client.scheduler_info()
+    slots = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()) or 1
+    gpu = any("GPU" in (w.get("resources") or {}) for w in info.get("workers", {}).values())
+    return ClusterHandle(client, None, cfg.kind, slots, gpu)

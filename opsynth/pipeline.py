@@ -1,0 +1,440 @@
+"""The generate pipeline: sample -> render -> (KernelBench check) -> verify on Dask workers,
+then dedup -> write on the driver, until `n_tasks` tasks are accepted.
+
+Candidates are numbered; candidate i is sampled from seed `seed * 1_000_000_007 + i`. Workers may
+finish in any order, but the driver *commits* results strictly in candidate order, so which tasks
+are accepted (and in what row order) depends only on the seed and the config, never on timing of
+the scheduler. That is what makes a killed run resumable to exactly the rows of an uninterrupted
+one: `state.json` records the next candidate to commit whenever the shards are flushed, and a rerun
+starts there, with the within-run dedup state rebuilt from the rows already written.
+
+The KernelBench check runs on the worker *before* verification: it costs milliseconds against
+seconds of eager and compiled runs, and calibration only rescales `batch_size`, which the
+similarity measure abstracts away, so checking the uncalibrated source gives the same answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsynth.cluster import ClusterConfig, start_cluster
+from opsynth.dedup import DedupConfig
+from opsynth.graph import SamplerConfig
+from opsynth.verify import VerifyConfig
+
+log = logging.getLogger("opsynth.pipeline")
+
+STATE_FILE = "state.json"
+SEED_STRIDE = 1_000_000_007
+CPU_SCALE = 0.1  # sampler size scale when verifying on CPU and sampler.scale is null
+
+
+@dataclass
+class GenerateConfig:
+    n_tasks: int = 20
+    output_dir: str = "data/opsynth-ops"
+    seed: int = 0
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    kb_check: bool = True  # decontaminate against KernelBench
+    rows_per_shard: int = 10_000
+    row_group_size: int = 1_000
+    flush_every: int = 50  # commit shards and state at least every this many accepted rows
+    max_in_flight: int = 0  # 0: 4 x the cluster's slots
+    max_candidates: int = 0  # stop after this many candidates even if n_tasks is not reached (0: 200 x n_tasks)
+    repo_id: str | None = None  # named in the dataset card's loading example
+    progress: bool = True
+    write_card: bool = True
+
+    def validate(self) -> None:
+        if self.n_tasks < 1:
+            raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
+        if not self.output_dir:
+            raise ValueError("output_dir must be a folder path")
+        if self.flush_every < 1:
+            raise ValueError("flush_every must be >= 1")
+        self.sampler.validate()
+        self.cluster.validate()
+
+
+def candidate_seed(seed: int, index: int) -> int:
+    return seed * SEED_STRIDE + index
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side: one candidate, start to finish. Runs inside a Dask worker process; the heavy
+# objects (catalog, verify pool, KernelBench index) are built once per process and reused.
+# ---------------------------------------------------------------------------------------------
+
+_CTX: dict[str, Any] = {}
+_CTX_LOCK = threading.Lock()
+
+
+def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool) -> dict:
+    key = json.dumps([sampler_cfg, verify_cfg, dedup_cfg, kb_check], sort_keys=True, default=str)
+    with _CTX_LOCK:
+        if _CTX.get("key") == key:
+            return _CTX
+        if _CTX.get("pool") is not None:
+            _CTX["pool"].close()
+        from opsynth.catalog import load_catalog
+        from opsynth.dedup import KernelBenchIndex
+        from opsynth.graph import Sampler
+        from opsynth.verify import WorkerPool
+
+        vcfg = VerifyConfig(**verify_cfg)
+        gpu = _worker_gpu()
+        if gpu is not None and vcfg.cuda_devices is None:
+            vcfg.cuda_devices = [gpu]
+        if not vcfg.n_workers:
+            vcfg.n_workers = _worker_threads()
+        catalog = load_catalog()
+        _CTX.clear()
+        _CTX.update(
+            key=key,
+            catalog=catalog,
+            sampler=Sampler(SamplerConfig(**sampler_cfg), catalog),
+            pool=WorkerPool(vcfg).start(),
+            kb=KernelBenchIndex.from_config(dedup_cfg) if kb_check else None,
+        )
+        import atexit
+
+        atexit.register(_CTX["pool"].close)
+        return _CTX
+
+
+def _worker_gpu() -> int | None:
+    """On a local_cuda cluster each worker pins the GPU matching its name (0, 1, ...)."""
+    try:
+        from distributed import get_worker
+
+        w = get_worker()
+    except Exception:
+        return None
+    if "GPU" not in (w.state.total_resources if hasattr(w, "state") else getattr(w, "total_resources", {})):
+        return None
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+        return int(w.name) % n if n else None
+    except Exception:
+        return None
+
+
+def _worker_threads() -> int:
+    try:
+        from distributed import get_worker
+
+        return max(1, int(get_worker().state.nthreads))
+    except Exception:
+        return max(1, os.cpu_count() or 1)
+
+
+def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict,
+                      kb_check: bool = True) -> dict:
+    """Sample, render, check against KernelBench and verify one candidate. Never raises for a bad
+    candidate: every outcome is a record with `accepted` and, when rejected, a named `reason`."""
+    from opsynth.graph import SamplingError
+    from opsynth.render import render_task, task_id
+
+    rec: dict[str, Any] = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
+                           "signature": None, "evidence": None}
+    ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
+    try:
+        st = ctx["sampler"].sample(seed)
+    except SamplingError as e:
+        rec.update(reason="sampling_failed", evidence=str(e))
+        return rec
+    src = render_task(st.graph, ctx["catalog"])
+    rec["signature"] = st.graph.signature()
+    kb_row = {"kb_max_similarity": None, "kb_nearest": None}
+    if ctx["kb"] is not None:
+        m = ctx["kb"].check(src)
+        kb_row = m.as_row()
+        if m.rejected:
+            rec.update(reason=m.reason, evidence={"nearest": m.nearest, "similarity": m.max_similarity,
+                                                  "op_sequence_match": m.op_sequence_match})
+            return rec
+    res = ctx["pool"].verify(src)
+    if not res.accepted:
+        rec.update(reason=res.reason, evidence=_short(res.evidence))
+        return rec
+    rec["accepted"] = True
+    rec["row"] = {
+        "code": res.source,
+        "ops": st.graph.ops(),
+        "data_source": st.data_source,
+        "task_id": task_id(res.source),
+        "num_ops": st.num_ops,
+        "graph": st.graph.to_json(),
+        "input_shapes": json.dumps(_input_shapes(res.source)),
+        "eager_ms": float(res.eager_ms),
+        "compile_ms": float(res.compile_ms) if res.compile_ms is not None else float("nan"),
+        "device": res.device or "",
+        "torch_version": res.torch_version or "",
+        **kb_row,
+        "seed": int(seed),
+    }
+    rec["calib_steps"] = res.calib_steps
+    return rec
+
+
+def _short(evidence) -> Any:
+    s = json.dumps(evidence, default=str)
+    return evidence if len(s) < 2000 else s[:2000]
+
+
+def _input_shapes(source: str) -> list[dict]:
+    """Shapes and dtypes of get_inputs() for the calibrated source, read without running it
+    (inputs are `torch.randn(<constants>)` / `torch.randint(lo, hi, (<constants>,))` calls)."""
+    import ast
+
+    from opsynth.render import parse_task
+
+    facts = parse_task(source)
+    fn = next(n for n in facts.tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_inputs")
+    ret = next(n for n in ast.walk(fn) if isinstance(n, ast.Return))
+    out = []
+    for call in getattr(ret.value, "elts", []):
+        if not isinstance(call, ast.Call):
+            continue
+        fname = ast.unparse(call.func)
+        args = call.args
+        if fname == "torch.randint" and len(args) >= 3:
+            dims, dtype = getattr(args[2], "elts", [args[2]]), "int64"
+        else:
+            dims, dtype = args, "float32"
+        shape = []
+        for d in dims:
+            v = facts.sizes.get(d.id) if isinstance(d, ast.Name) else getattr(d, "value", None)
+            shape.append(v)
+        out.append({"shape": shape, "dtype": dtype})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver side.
+# ---------------------------------------------------------------------------------------------
+
+def _load_state(out: Path) -> dict:
+    p = out / STATE_FILE
+    if not p.exists():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except ValueError as e:
+        raise RuntimeError(f"{p} is unreadable ({e}); delete it to restart the run from the shards") from e
+
+
+def _save_state(out: Path, state: dict) -> None:
+    tmp = out / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1, default=str))
+    os.replace(tmp, out / STATE_FILE)
+
+
+def _plain(cfg) -> dict:
+    return {k: v for k, v in asdict(cfg).items()}
+
+
+class _Committer:
+    """Applies worker results in candidate order: within-run dedup, shard writes, counts."""
+
+    def __init__(self, cfg: GenerateConfig, writer, stats, state: dict):
+        from opsynth.dedup import NearDupIndex
+        from opsynth.graph import OpGraph
+        from opsynth.shards import iter_rows
+
+        self.cfg, self.writer, self.stats = cfg, writer, stats
+        # Exact duplicates by graph signature and near-duplicates by MinHash-LSH, rebuilt from the
+        # rows already written so that a resumed run decides exactly as an uninterrupted one.
+        self.neardup = NearDupIndex.from_config(cfg.dedup)
+        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph"]):
+            self.neardup.add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
+        self.next_index = int(state.get("next_index", 0))
+        self.examples: list[dict] = list(state.get("examples", []))
+        self.calib_steps: list[int] = []
+
+    def commit(self, rec: dict) -> None:
+        row = rec.get("row")
+        if rec["accepted"] and row["task_id"] in self.writer:
+            self.stats.accept()  # written before a crash that came ahead of the state save
+            return
+        reason = rec.get("reason")
+        if rec["accepted"]:
+            exact_before = self.neardup.counts["exact_duplicate"]
+            dup = self.neardup.add(row["task_id"], row["code"], signature=rec["signature"])
+            if dup is not None:
+                exact = self.neardup.counts["exact_duplicate"] > exact_before
+                reason = "duplicate_signature" if exact else "near_duplicate"
+                rec["evidence"] = {"duplicate_of": dup}
+        if reason:
+            self.stats.reject(reason)
+            if sum(1 for e in self.examples if e["reason"] == reason) < 3:
+                self.examples.append({"reason": reason, "index": rec["index"], "seed": rec["seed"],
+                                      "evidence": rec.get("evidence")})
+            return
+        self.writer.write(row)
+        self.stats.accept()
+        for op in row["ops"]:
+            self.stats.categories.setdefault(op, "")
+        if rec.get("calib_steps") is not None:
+            self.calib_steps.append(rec["calib_steps"])
+        if not self.stats.versions.get("torch") and row["torch_version"]:
+            self.stats.versions["torch"] = row["torch_version"]
+        self.stats.device = row["device"] or self.stats.device
+
+
+def run(cfg: GenerateConfig) -> dict:
+    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary."""
+    from distributed import as_completed
+
+    from opsynth.catalog import load_catalog
+    from opsynth.shards import RunProgress, RunStats, ShardWriter
+    from opsynth.shards.stats import default_versions
+
+    if cfg.sampler.scale is None:
+        from opsynth.cluster import visible_gpus
+
+        on_gpu = cfg.verify.device == "cuda" or (cfg.verify.device == "auto" and visible_gpus() > 0)
+        cfg.sampler.scale = 1.0 if on_gpu else CPU_SCALE
+    cfg.validate()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.kb_check:  # fail fast, on the driver, when the reference is missing
+        from opsynth.dedup import load_kernelbench
+
+        load_kernelbench(kb_path=cfg.dedup.kb_path, kb_dataset=cfg.dedup.kb_dataset, levels=cfg.dedup.kb_levels)
+    state = _load_state(out)
+    catalog = load_catalog()
+    t_start = time.monotonic()
+    writer = ShardWriter(out, rows_per_shard=cfg.rows_per_shard, row_group_size=cfg.row_group_size)
+    try:
+        stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
+        prior_wall = stats.wall_time_s
+        stats.n_tasks = cfg.n_tasks
+        stats.seed = cfg.seed
+        stats.cluster = cfg.cluster.kind
+        stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
+                                for k, v in cfg.sampler.mixture.items()}
+        stats.thresholds = {
+            "eager_ms_min": cfg.verify.min_ms, "eager_ms_max": cfg.verify.max_ms,
+            "cpu_eager_ms_min": cfg.verify.cpu_min_ms, "cpu_eager_ms_max": cfg.verify.cpu_max_ms,
+            "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
+            "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
+            "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": cfg.verify.mem_cap_gb,
+            "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
+        }
+        stats.versions = {**default_versions(), **stats.versions}
+        stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": _plain(cfg.sampler),
+                        "verify": _plain(cfg.verify), "dedup": _plain(cfg.dedup), "cluster": cfg.cluster.kind}
+        if "stats" not in state:  # shards without a state file: count them as resumed rows
+            stats.resumed_rows = writer.num_rows
+        committer = _Committer(cfg, writer, stats, state)
+        if writer.num_rows >= cfg.n_tasks:
+            log.info("%s already holds %d rows (n_tasks=%d): nothing to generate", out, writer.num_rows, cfg.n_tasks)
+        else:
+            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress)
+        stats.wall_time_s = prior_wall + (time.monotonic() - t_start)
+        for op in list(stats.categories):
+            stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
+        files = writer.finalize()
+        _save_state(out, {"next_index": committer.next_index, "stats": stats.to_dict(),
+                          "examples": committer.examples, "finished": True})
+    finally:
+        writer.close()
+    summary = stats.to_dict()
+    summary["files"] = [str(f) for f in files]
+    summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
+                                   if committer.calib_steps else None)
+    if cfg.write_card:
+        from opsynth.shards import read_rows, write_card, write_report
+
+        write_report(out, stats, rows=read_rows(out), rejections=committer.examples)
+        write_card(out, stats, repo_id=cfg.repo_id)
+    return summary
+
+
+def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
+    handle = start_cluster(cfg.cluster)
+    client = handle.client
+    max_in_flight = cfg.max_in_flight or 4 * handle.slots
+    max_candidates = cfg.max_candidates or 200 * cfg.n_tasks
+    sampler_cfg, verify_cfg, dedup_cfg = _plain(cfg.sampler), _plain(cfg.verify), _plain(cfg.dedup)
+    if handle.gpu_resource and verify_cfg.get("device") == "cpu":
+        log.warning("cluster=%s has GPUs but verify.device=cpu: tasks are verified on CPU", handle.kind)
+    submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
+    inflight: dict[int, Any] = {}
+    done: dict[int, dict] = {}
+    next_submit = committer.next_index
+    flushed_at = writer.num_rows
+    ac = as_completed()
+
+    def target_in_flight() -> int:
+        remaining = cfg.n_tasks - writer.num_rows
+        committed = stats.accepted + stats.num_rejected
+        rate = (stats.accepted + 1) / (committed + 3)  # smoothed acceptance rate
+        need = math.ceil(remaining / rate * 1.2) - len(done)
+        return max(1, min(max_in_flight, max(need, handle.slots)))
+
+    def top_up() -> None:
+        nonlocal next_submit
+        while len(inflight) < target_in_flight() and next_submit < committer.next_index + max_candidates:
+            i = next_submit
+            f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
+                              dedup_cfg, cfg.kb_check, key=f"candidate-{cfg.seed}-{i}", pure=False, **submit_kw)
+            inflight[i] = f
+            ac.add(f)
+            next_submit += 1
+
+    def save() -> None:
+        writer.flush()
+        stats.wall_time_s = prior_wall + (time.monotonic() - t_start)
+        _save_state(out, {"next_index": committer.next_index, "stats": stats.to_dict(),
+                          "examples": committer.examples})
+
+    progress = RunProgress(stats, total=cfg.n_tasks, disable=not cfg.progress)
+    start_index = committer.next_index
+    try:
+        top_up()
+        while writer.num_rows < cfg.n_tasks and inflight:
+            f = next(ac)
+            i = next(k for k, v in inflight.items() if v is f)
+            del inflight[i]
+            try:
+                rec = f.result()
+            except Exception as e:  # KilledWorker after a second death, or a bug outside the sandbox
+                from distributed import KilledWorker
+
+                reason = "killed_worker" if isinstance(e, KilledWorker) else f"pipeline_error:{type(e).__name__}"
+                rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
+                       "evidence": str(e)[:500]}
+            done[i] = rec
+            while committer.next_index in done and writer.num_rows < cfg.n_tasks:
+                committer.commit(done.pop(committer.next_index))
+                committer.next_index += 1
+                progress.update()
+                if writer.num_rows - flushed_at >= cfg.flush_every:
+                    save()
+                    flushed_at = writer.num_rows
+            if writer.num_rows < cfg.n_tasks:
+                top_up()
+        if writer.num_rows < cfg.n_tasks:
+            log.warning("stopped after %d candidates with %d/%d rows (max_candidates reached)",
+                        committer.next_index - start_index, writer.num_rows, cfg.n_tasks)
+    finally:
+        progress.close()
+        if inflight:
+            client.cancel(list(inflight.values()), force=True)
+        save()
+        handle.close()
