@@ -76,7 +76,7 @@ class KernelBenchIndex:
 
     def check(self, source: str | TaskFacts) -> KBMatch:
         """Score a task; raises TaskParseError for a source that is not a task."""
-        facts = parse_task(source) if isinstance(source, str) else source
+        facts = parse_task(source, with_ops=False) if isinstance(source, str) else source
         fp = fingerprint(facts)
         sims = self.matrix.similarities(fp)
         best = float(sims.max())

@@ -22,7 +22,7 @@ _SEP = "\x1f"
 
 
 def _tokens(task: str | TaskFacts, keep_literals: bool) -> list[str]:
-    facts = parse_task(task) if isinstance(task, str) else task
+    facts = parse_task(task, with_ops=False) if isinstance(task, str) else task
     return model_tokens(facts, keep_literals=keep_literals)
 
 
@@ -61,6 +61,7 @@ class NearDupIndex:
         self._mh_kwargs = {"num_perm": self.num_perm, "seed": self.seed, "permutations": self._template.permutations}
         if hasattr(self._template, "scheme"):  # datasketch >= 2.0 asks for it explicitly
             self._mh_kwargs["scheme"] = self._template.scheme
+        self._scratch = MinHash(**self._mh_kwargs)
         self._lsh = MinHashLSH(threshold=self.threshold, num_perm=self.num_perm)
         self._by_signature: dict[str, str] = {}
         self._order: dict[str, int] = {}  # key -> arrival rank among kept tasks
@@ -106,7 +107,8 @@ class NearDupIndex:
         if earlier is not None:
             self.counts["exact_duplicate"] += 1
             return earlier
-        m = MinHash(**self._mh_kwargs)
+        m = self._scratch  # reused: LSH keeps band hashes, not the MinHash object
+        m.clear()
         m.update_batch(task_shingles(tokens, self.shingle_size))
         hv = m.hashvalues.astype(np.uint32)
         candidates = self._lsh.query(m)

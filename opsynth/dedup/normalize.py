@@ -57,39 +57,78 @@ def _is_super_init(stmt: ast.stmt) -> bool:
     )
 
 
+_MUTATING_METHODS = frozenset(
+    {"append", "extend", "insert", "add_module", "register_buffer", "register_parameter", "update", "pop",
+     "clear", "remove", "setdefault", "copy_", "fill_", "zero_"}
+)
+_SKIP_FIELDS = frozenset({"ctx", "op", "type_comment", "type_ignores"})
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_BARRIERS = (ast.Expr, ast.Return, ast.Raise, ast.Assert, ast.Global, ast.Nonlocal, ast.Delete)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _fields(t: type) -> tuple[str, ...]:
+    f = _FIELDS.get(t)
+    if f is None:
+        f = _FIELDS[t] = tuple(x for x in t._fields if x not in _SKIP_FIELDS)
+    return f
+
+
+def _mutated(call: ast.Call) -> str | None:
+    """``x.append(...)``, ``x.add_(...)``, ``self.layers.extend(...)``: the receiver is changed in place."""
+    f = call.func
+    if type(f) is not ast.Attribute:
+        return None
+    m = f.attr
+    if m not in _MUTATING_METHODS and not (m.endswith("_") and not m.endswith("__")):
+        return None
+    recv = f.value
+    if type(recv) is ast.Name and recv.id != "self":
+        return recv.id
+    if type(recv) is ast.Attribute and type(recv.value) is ast.Name and recv.value.id == "self":
+        return "self." + recv.attr
+    return None
+
+
 def _deps(stmt: ast.stmt) -> tuple[frozenset, frozenset, bool, dict]:
-    """(names defined, names used, barrier, load count per plain name). ``self.x`` counts as ``self.x``."""
+    """(names defined, names used, barrier, load count per plain name). ``self.x`` counts as ``self.x``.
+
+    A hand-rolled walk (skipping ctx/op nodes) because this runs on every statement of every task."""
     defs: set[str] = set()
     uses: set[str] = set()
     loads: dict[str, int] = {}
-    barrier = isinstance(stmt, (ast.Expr, ast.Return, ast.Raise, ast.Assert, ast.Global, ast.Nonlocal, ast.Delete))
-    stack = [stmt]
+    barrier = isinstance(stmt, _BARRIERS)
+    stack: list = [stmt]
+    Name, Attribute, Call, Store, Del = ast.Name, ast.Attribute, ast.Call, ast.Store, ast.Del
     while stack:
         n = stack.pop()
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) and n is not stmt:
+        t = type(n)
+        if t is str:  # Global.names and the like
             continue
-        if isinstance(n, ast.Name):
-            if isinstance(n.ctx, (ast.Store, ast.Del)):
+        if t is Name:
+            if type(n.ctx) in (Store, Del):
                 defs.add(n.id)
             else:
                 uses.add(n.id)
                 loads[n.id] = loads.get(n.id, 0) + 1
             continue
-        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
-            (defs if isinstance(n.ctx, (ast.Store, ast.Del)) else uses).add("self." + n.attr)
+        if t is Attribute and type(n.value) is Name and n.value.id == "self":
+            (defs if type(n.ctx) in (Store, Del) else uses).add("self." + n.attr)
             continue
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
-            # x.append(...), self.layers.extend(...), x.add_(...): the receiver is mutated
-            recv = n.func.value
-            if isinstance(recv, ast.Name) and recv.id != "self":
-                defs.add(recv.id)
-            elif isinstance(recv, ast.Attribute) and isinstance(recv.value, ast.Name) and recv.value.id == "self":
-                if n.func.attr in ("append", "extend", "insert", "add_module", "register_buffer"):
-                    defs.add("self." + recv.attr)
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defs.add(n.name)
+        if t is Call:
+            m = _mutated(n)
+            if m is not None:
+                defs.add(m)
+        elif n is not stmt and isinstance(n, _SCOPES):
+            if not isinstance(n, ast.Lambda):
+                defs.add(n.name)
             continue
-        stack.extend(ast.iter_child_nodes(n))
+        for f in _fields(t):
+            v = getattr(n, f, None)
+            if type(v) is list:
+                stack.extend(v)
+            elif v is not None and isinstance(v, ast.AST):
+                stack.append(v)
     uses.discard("self")
     return frozenset(defs), frozenset(uses), barrier, loads
 

@@ -82,7 +82,7 @@ def canonical_op_keys(tokens: list[str]) -> tuple[str, ...]:
 
 
 def fingerprint(task: str | TaskFacts) -> Fingerprint:
-    facts = parse_task(task) if isinstance(task, str) else task
+    facts = parse_task(task, with_ops=False) if isinstance(task, str) else task
     toks = model_tokens(facts, keep_literals=False)
     keys = canonical_op_keys(toks)
     return Fingerprint(struct=_ngrams(toks, STRUCT_NGRAMS), ops=_ngrams(("^",) + keys + ("$",), 2), op_keys=keys)

@@ -106,7 +106,11 @@ class ImportMap:
 
     def __init__(self, tree: ast.Module):
         self.names: dict[str, str] = {}
-        for node in ast.walk(tree):
+        # Module-level imports only (also inside top-level if/try blocks): walking the whole tree
+        # would cost more than the rest of the parse for a small task.
+        stack = list(reversed(tree.body))
+        while stack:
+            node = stack.pop()
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -114,10 +118,16 @@ class ImportMap:
                     else:
                         root = a.name.split(".")[0]
                         self.names[root] = root
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for a in node.names:
-                    if a.name != "*":
-                        self.names[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, ast.ImportFrom):
+                if node.module and node.level == 0:
+                    for a in node.names:
+                        if a.name != "*":
+                            self.names[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, (ast.If, ast.Try)):
+                for h in getattr(node, "handlers", []):
+                    stack.extend(reversed(h.body))
+                stack.extend(reversed(node.orelse))
+                stack.extend(reversed(node.body))
 
     def resolve(self, node: ast.AST) -> str | None:
         """``nn.Conv2d`` / ``torch.nn.functional.relu`` / ``F.relu`` -> full dotted path, else None."""
@@ -744,14 +754,17 @@ def find_model_class(tree: ast.Module) -> ast.ClassDef:
     raise TaskParseError("task source has no module-level `class Model`")
 
 
-def parse_task(source: str) -> TaskFacts:
-    """Read a task file into facts (operators in forward order, size constants, the Model AST)."""
+def parse_task(source: str, *, with_ops: bool = True) -> TaskFacts:
+    """Read a task file into facts (operators in forward order, size constants, the Model AST).
+
+    ``with_ops=False`` skips the operator walk (``facts.ops`` is then empty): dedup derives its own
+    canonical operator order and parses thousands of tasks per second."""
     tree = _parse(source)
     model = find_model_class(tree)
     sizes = _module_sizes(tree)
     res = _FileResolver(tree, sizes)
     try:
-        ops = list(res.class_ops(model))
+        ops = list(res.class_ops(model)) if with_ops else []
         attrs = res.class_attrs(model)
     except RecursionError as e:  # pathological nesting; a named reason, not a crash
         raise TaskParseError("task source nests too deeply to analyse") from e
