@@ -98,6 +98,9 @@ def _deps(stmt: ast.stmt) -> tuple[frozenset, frozenset, bool, dict]:
     uses: set[str] = set()
     loads: dict[str, int] = {}
     barrier = isinstance(stmt, _BARRIERS)
+    if type(stmt) is ast.AugAssign and type(stmt.target) is ast.Name:  # x += y reads x too
+        uses.add(stmt.target.id)
+        loads[stmt.target.id] = 1
     stack: list = [stmt]
     Name, Attribute, Call, Store, Del = ast.Name, ast.Attribute, ast.Call, ast.Store, ast.Del
     while stack:

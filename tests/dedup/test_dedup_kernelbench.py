@@ -245,3 +245,23 @@ def test_config_yaml_matches_the_dataclass():
         DedupConfig.from_any({"kb_treshold": 0.5})
     with pytest.raises(ValueError, match="op_sequence_action"):
         DedupConfig(op_sequence_action="maybe")
+
+
+def test_equivalent_spellings_of_one_forward_compare_equal():
+    head = (
+        "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nclass Model(nn.Module):\n"
+        "    def __init__(self, c):\n        super().__init__()\n        self.conv = nn.Conv2d(c, c, 3)\n"
+        "        self.bias = nn.Parameter(torch.zeros(c, 1, 1))\n\n    def forward(self, x):\n"
+    )
+    forms = [
+        "        x = self.conv(x)\n        x = torch.relu(x)\n        x += self.bias\n        return x\n",
+        "        return torch.relu(self.conv(x)) + self.bias\n",
+        "        y = self.conv(x)\n        z = self.bias + y.relu()\n        return z\n",
+        "        h = F.relu(self.conv(x))\n        return torch.add(h, self.bias)\n",
+    ]
+    sources = [head + f for f in forms]
+    for s in sources[1:]:
+        assert ast_similarity(sources[0], s) == 1.0, s
+    # swapping the two operators is a different program
+    swapped = head + "        return torch.relu(self.conv(x) + self.bias)\n"
+    assert ast_similarity(sources[0], swapped) < 0.9
