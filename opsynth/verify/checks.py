@@ -1,0 +1,214 @@
+"""The task-quality checks, as run inside a worker process (they execute task code).
+
+Each failing check raises :class:`Reject` with a reason from ``result.REASONS``; the worker turns
+that into a reply. Order is cheapest first: load, build, eager run, finiteness, constant output,
+determinism, input sensitivity, memory cap; timing and torch.compile come after, in the worker.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import traceback
+import types
+from typing import Any
+
+import torch
+
+TASK_MODULE = "opsynth_verify_task"
+SEED_MODEL = 0
+SEED_INPUTS = 1
+SEED_INPUTS_ALT = 2
+
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+_CUDA_MARKERS = (
+    "cuda error",
+    "illegal memory access",
+    "illegal instruction",
+    "device-side assert",
+    "cublas_status",
+    "cudnn_status",
+    "unspecified launch failure",
+    "misaligned address",
+    "an illegal",
+)
+
+
+class Reject(Exception):
+    def __init__(self, reason: str, message: str, **evidence: Any):
+        super().__init__(message)
+        self.reason = reason
+        self.evidence = {"message": message, **evidence}
+
+
+def _tail(exc: BaseException, limit: int = 4000) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text[-limit:]
+
+
+def classify(exc: BaseException, default: str) -> Reject:
+    """Name what went wrong: out-of-memory and CUDA faults are worth distinguishing from plain
+    task bugs because the pool reacts to them (recycle, retry alone)."""
+    if isinstance(exc, Reject):
+        return exc
+    if isinstance(exc, SystemExit):
+        return Reject("exit_called", f"SystemExit({exc.code!r})", traceback=_tail(exc))
+    text = f"{type(exc).__name__}: {exc}"
+    low = text.lower()
+    if isinstance(exc, MemoryError) or isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or any(
+        m in low for m in _OOM_MARKERS
+    ):
+        return Reject("oom", text[:2000], traceback=_tail(exc))
+    if isinstance(exc, getattr(torch, "AcceleratorError", ())) or any(m in low for m in _CUDA_MARKERS):
+        return Reject("cuda_error", text[:2000], traceback=_tail(exc))
+    return Reject(default, text[:2000], traceback=_tail(exc))
+
+
+def load_task(source: str) -> types.ModuleType:
+    """Execute the task as a real module (registered in sys.modules and linecache, so dynamo,
+    inspect and tracebacks see its source)."""
+    filename = f"<{TASK_MODULE}>"
+    try:
+        code = compile(source, filename, "exec")
+    except SyntaxError as exc:
+        raise Reject("syntax_error", f"{exc.msg} (line {exc.lineno})") from None
+    mod = types.ModuleType(TASK_MODULE)
+    mod.__file__ = filename
+    sys.modules[TASK_MODULE] = mod
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        exec(code, mod.__dict__)
+    except BaseException as exc:  # noqa: BLE001 - untrusted code: anything may come out
+        raise classify(exc, "load_error") from None
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
+    if missing:
+        raise Reject("missing_definitions", f"missing {', '.join(missing)}")
+    return mod
+
+
+def seed_all(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def build_model(mod: types.ModuleType, device: str) -> torch.nn.Module:
+    """Model(*get_init_inputs()) with seeded weights, created directly on ``device``."""
+    try:
+        seed_all(SEED_MODEL)
+        with torch.device(device):
+            model = mod.Model(*mod.get_init_inputs())
+        return model.to(device)
+    except BaseException as exc:  # noqa: BLE001
+        raise classify(exc, "init_error") from None
+
+
+def make_inputs(mod: types.ModuleType, device: str, seed: int) -> list[Any]:
+    """get_inputs() under the device context, so tensors are born where they are used."""
+    try:
+        seed_all(seed)
+        with torch.device(device):
+            inputs = list(mod.get_inputs())
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+    except BaseException as exc:  # noqa: BLE001
+        raise classify(exc, "init_error") from None
+
+
+def _cloned(inputs: list[Any]) -> list[Any]:
+    # A forward that writes into its input in place must see the same values on every call.
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def forward(model: torch.nn.Module, inputs: list[Any], device: str, default: str = "eager_error",
+            clone: bool = True) -> Any:
+    """One forward under no_grad, outside any device context (a task that creates tensors on the
+    wrong device in forward fails here, as it would in a kernel-evaluation harness)."""
+    try:
+        with torch.no_grad():
+            out = model(*(_cloned(inputs) if clone else inputs))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return out
+    except BaseException as exc:  # noqa: BLE001
+        raise classify(exc, default) from None
+
+
+def flat_tensors(out: Any) -> list[torch.Tensor]:
+    leaves, _ = torch.utils._pytree.tree_flatten(out)
+    return [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def output_spec(tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
+    return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in tensors]
+
+
+def check_outputs_exist(tensors: list[torch.Tensor]) -> None:
+    if not tensors:
+        raise Reject("no_tensor_output", "forward returned no tensor")
+
+
+def check_finite(tensors: list[torch.Tensor], label: str) -> None:
+    for i, t in enumerate(tensors):
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            n_nan = int(torch.isnan(t).sum())
+            n_inf = int(torch.isinf(t).sum())
+            raise Reject("non_finite", f"output {i} on {label} inputs has {n_nan} NaN and {n_inf} Inf",
+                         output=i, nan=n_nan, inf=n_inf)
+
+
+def check_not_constant(tensors: list[torch.Tensor]) -> None:
+    """Reject when every output holds one value throughout (zeros, a filled tensor, x - x). A
+    single-element output cannot be judged here; input sensitivity catches it if it never moves."""
+    sized = [t for t in tensors if t.numel() > 1]
+    if not sized:
+        return
+    for t in sized:
+        flat = t.reshape(-1)
+        if not bool((flat == flat[0]).all()):
+            return
+    raise Reject("constant_output", f"every output element equals {sized[0].reshape(-1)[0].item()!r}")
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return float("inf")
+        if x.numel():
+            d = (x.double() - y.double()).abs().max().item() if x.is_floating_point() or y.is_floating_point() \
+                else (x.long() - y.long()).abs().max().item()
+            worst = max(worst, float(d))
+    return worst
+
+
+def close(a: list[torch.Tensor], b: list[torch.Tensor], atol: float, rtol: float) -> bool:
+    """Same structure, shapes and values within atol + rtol*|b| (NaN only equal to NaN)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return False
+        if x.dtype != y.dtype:
+            x, y = x.double(), y.double()
+        if not torch.allclose(x, y, atol=atol, rtol=rtol, equal_nan=True):
+            return False
+    return True
+
+
+def check_deterministic(first: list[torch.Tensor], second: list[torch.Tensor], atol: float, rtol: float) -> None:
+    if not close(first, second, atol, rtol):
+        raise Reject("nondeterministic", "same inputs and weights gave different outputs",
+                     max_abs_diff=max_diff(first, second))
+
+
+def check_input_sensitive(a: list[torch.Tensor], b: list[torch.Tensor], atol: float, rtol: float) -> None:
+    if close(a, b, atol, rtol):
+        raise Reject("input_insensitive", "outputs for two different random inputs are equal within tolerance",
+                     max_abs_diff=max_diff(a, b))

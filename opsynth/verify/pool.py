@@ -1,0 +1,479 @@
+"""A pool of warm verifier workers, and the per-task procedure that drives them.
+
+Usage::
+
+    from opsynth.verify import VerifyConfig, WorkerPool
+
+    with WorkerPool(VerifyConfig(device="cuda", n_workers=8)) as pool:
+        result = pool.verify(task_source)          # one task
+        results = pool.verify_many(task_sources)   # spread over the workers, results in order
+        future = pool.submit(task_source)          # concurrent.futures.Future[VerifyResult]
+
+Every task runs in a worker subprocess (``opsynth.verify.worker``); the parent never executes task
+code, never raises because of a task, and never unpickles anything a worker sends. The parent
+enforces the wall-clock timeout (kill, replace the worker), watches the worker's host memory, and
+replaces workers that died, reported a CUDA fault, or served ``max_tasks_per_worker`` tasks.
+
+Per task: an eager request (checks + timing) is repeated while calibration rescales
+``batch_size`` toward the task's target runtime, then one compile request checks torch.compile.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import protocol
+from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
+from .config import VerifyConfig
+from .result import ACCEPTED, VerifyResult
+
+_TAIL_BYTES = 16 * 1024
+
+
+class WorkerGone(Exception):
+    """The worker did not answer: it died, ran past its timeout, or outgrew its memory."""
+
+    def __init__(self, reason: str, message: str, **evidence: Any):
+        super().__init__(message)
+        self.reason = reason
+        self.evidence = {"message": message, **evidence}
+
+
+def _detect_device(requested: str) -> str:
+    if requested != "auto":
+        return "cuda" if requested.startswith("cuda") else "cpu"
+    if "torch" in sys.modules:
+        return "cuda" if sys.modules["torch"].cuda.is_available() else "cpu"
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return "cuda" if gpus.is_dir() and any(gpus.iterdir()) else "cpu"
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class WorkerProcess:
+    """One worker subprocess: its pipes, its output tail, and request/response with a deadline."""
+
+    def __init__(self, cfg: VerifyConfig, device: str, env: dict[str, str], cwd: str, host_limit_bytes: int):
+        self.cfg = cfg
+        self.device = device
+        self.host_limit_bytes = host_limit_bytes
+        self.tasks_done = 0
+        self.ready: dict[str, Any] | None = None
+        self._tail = bytearray()
+        self._tail_lock = threading.Lock()
+        req_r, self._req_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+        cmd = [sys.executable, "-m", "opsynth.verify.worker", "--req-fd", str(req_r), "--resp-fd", str(resp_w),
+               "--config", _config_json(cfg, device)]
+        self.proc = subprocess.Popen(
+            cmd, pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True,
+        )
+        os.close(req_r)
+        os.close(resp_w)
+        self._reader = protocol.Reader(self._resp_r)
+        self._drain = threading.Thread(target=self._drain_output, daemon=True)
+        self._drain.start()
+        self._base_rss = 0
+
+    def _drain_output(self) -> None:
+        """Read the task's stdout/stderr to the end, keeping only the last few KB: a flood costs
+        the parent some reads, never memory, and never blocks the worker."""
+        out = self.proc.stdout
+        assert out is not None
+        while True:
+            try:
+                chunk = out.read1(1 << 16)
+            except (OSError, ValueError):
+                return
+            if not chunk:
+                return
+            with self._tail_lock:
+                self._tail += chunk
+                if len(self._tail) > _TAIL_BYTES:
+                    del self._tail[: len(self._tail) - _TAIL_BYTES]
+
+    def output_tail(self, n: int = 4000) -> str:
+        time.sleep(0.05)  # let the drain thread catch the last words of a dying process
+        with self._tail_lock:
+            return bytes(self._tail[-n:]).decode(errors="replace")
+
+    def clear_tail(self) -> None:
+        with self._tail_lock:
+            self._tail.clear()
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        if self.ready is None:
+            msg = self._wait(timeout, watch_memory=False)
+            if msg.get("event") != "ready":
+                raise RuntimeError(f"verifier worker failed to start: {msg.get('error', msg)}")
+            self.ready = msg
+            self._base_rss = _rss_bytes(self.proc.pid)
+        return self.ready
+
+    def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.clear_tail()
+        try:
+            protocol.send(self._req_w, msg)
+        except (BrokenPipeError, OSError):
+            raise self._gone("crashed", "worker pipe closed before the request") from None
+        return self._wait(timeout, watch_memory=True)
+
+    def _wait(self, timeout: float, watch_memory: bool) -> dict[str, Any]:
+        """Wait for a reply; time spent while the worker waits for the timing lock is not
+        counted. Raises WorkerGone (after killing the worker) on death, timeout or memory."""
+        deadline = time.monotonic() + timeout
+        paused_at: float | None = None
+        next_mem = 0.0
+        while True:
+            try:
+                msg = self._reader.poll(0.1)
+            except protocol.ProtocolClosed:
+                msg = None
+                if self.proc.poll() is None:  # pipe closed but alive: hand it a moment to exit
+                    try:
+                        self.proc.wait(2.0)
+                    except subprocess.TimeoutExpired:
+                        pass
+                raise self._gone("crashed", "worker closed its protocol pipe") from None
+            now = time.monotonic()
+            if msg is not None:
+                event = msg.get("event")
+                if event == "lock_wait":
+                    paused_at = now
+                elif event == "lock_acquired":
+                    if paused_at is not None:
+                        deadline += now - paused_at
+                    paused_at = None
+                else:
+                    return msg
+                continue
+            if self.proc.poll() is not None:
+                raise self._gone("crashed", "worker process exited")
+            if paused_at is None and now > deadline:
+                self.kill()
+                raise self._gone("timeout", f"no reply within {timeout:.0f} s", timeout_s=timeout)
+            if watch_memory and now >= next_mem:
+                next_mem = now + 0.25
+                rss = _rss_bytes(self.proc.pid)
+                if rss - self._base_rss > self.host_limit_bytes:
+                    self.kill()
+                    raise self._gone("oom", f"host memory grew by {(rss - self._base_rss) / 2**30:.1f} GB, "
+                                     f"above the {self.host_limit_bytes / 2**30:.1f} GB limit")
+
+    def _gone(self, reason: str, message: str, **evidence: Any) -> WorkerGone:
+        code = self.proc.poll()
+        if code is not None and code < 0:
+            try:
+                evidence["signal"] = signal.Signals(-code).name
+            except ValueError:
+                evidence["signal"] = -code
+        evidence["exit_code"] = code
+        evidence["output_tail"] = self.output_tail()
+        return WorkerGone(reason, message, **evidence)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and anything it spawned (cc)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self, grace: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                protocol.send(self._req_w, {"op": "exit"})
+                self.proc.wait(grace)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        for fd in (self._req_w, self._resp_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.proc.stdout is not None:
+            try:
+                self.proc.stdout.close()
+            except OSError:
+                pass
+
+
+def _config_json(cfg: VerifyConfig, device: str) -> str:
+    import json
+
+    d = cfg.to_dict()
+    d["device"] = device
+    return json.dumps(d)
+
+
+class WorkerPool:
+    """Warm workers that verify tasks; see the module docstring."""
+
+    def __init__(self, cfg: VerifyConfig | None = None):
+        self.cfg = cfg or VerifyConfig()
+        self.device = _detect_device(self.cfg.device)
+        n = self.cfg.n_workers or ((os.cpu_count() or 1) if self.device == "cpu" else 8)
+        self.n_workers = max(1, n)
+        self.limits = self.cfg.limits(self.device)
+        self.device_name: str | None = None
+        self.torch_version: str | None = None
+        self._slots: list[WorkerProcess | None] = [None] * self.n_workers
+        self._idle: queue.Queue[int] = queue.Queue()
+        self._executor: ThreadPoolExecutor | None = None
+        self._tmp: str | None = None
+        self._closed = True
+        self.restarts = 0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def _env(self, index: int) -> dict[str, str]:
+        env = dict(os.environ)
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # parallelism comes from the workers
+        env["MALLOC_ARENA_MAX"] = "2"  # fewer glibc arenas: less virtual memory under RLIMIT_AS
+        env["PYTHONFAULTHANDLER"] = "1"
+        if self.device == "cpu":
+            threads = self.cfg.cpu_threads_per_worker or max(1, (os.cpu_count() or 1) // self.n_workers)
+            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPSYNTH_VERIFY_THREADS"):
+                env[k] = str(threads)
+        elif self.cfg.cuda_devices:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.cfg.cuda_devices[index % len(self.cfg.cuda_devices)])
+        return env
+
+    def _spawn(self, index: int) -> WorkerProcess:
+        host_gb = self.limits.mem_limit_gb if self.device == "cpu" else self.cfg.cuda_host_mem_limit_gb
+        assert self._tmp is not None
+        return WorkerProcess(self.cfg, self.device, self._env(index), self._tmp, int(host_gb * 2**30))
+
+    def start(self) -> "WorkerPool":
+        if not self._closed:
+            return self
+        self._tmp = tempfile.mkdtemp(prefix="opsynth-verify-")
+        self._slots = [self._spawn(i) for i in range(self.n_workers)]  # all start importing at once
+        try:
+            for w in self._slots:
+                assert w is not None
+                ready = w.wait_ready(self.cfg.startup_timeout_s)
+                self.device_name = ready["device_name"]
+                self.torch_version = ready["torch_version"]
+        except BaseException:
+            self._closed = False
+            self.close()
+            raise
+        for i in range(self.n_workers):
+            self._idle.put(i)
+        self._executor = ThreadPoolExecutor(self.n_workers, thread_name_prefix="opsynth-verify")
+        self._closed = False
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        for w in self._slots:
+            if w is not None:
+                w.close()
+        self._slots = [None] * self.n_workers
+        self._idle = queue.Queue()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> "WorkerPool":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _replace(self, index: int) -> None:
+        """Kill the worker in this slot and start its successor (it warms up in the background;
+        the next task on this slot waits for it)."""
+        old = self._slots[index]
+        if old is not None:
+            old.close(grace=0.0)
+        self._slots[index] = self._spawn(index)
+        self.restarts += 1
+
+    def _worker(self, index: int) -> WorkerProcess:
+        w = self._slots[index]
+        if w is None or w.proc.poll() is not None:
+            self._replace(index)
+            w = self._slots[index]
+        assert w is not None
+        try:
+            w.wait_ready(self.cfg.startup_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            raise WorkerGone("worker_error", f"replacement worker failed to start: {exc}") from None
+        return w
+
+    # --- public API -----------------------------------------------------------------------------
+    def alive(self) -> int:
+        """How many worker processes are running now (a health check for callers and tests)."""
+        return sum(1 for w in self._slots if w is not None and w.proc.poll() is None)
+
+    def verify(self, source: str) -> VerifyResult:
+        """Verify one task; blocks until a worker is free. Never raises because of the task."""
+        if self._closed:
+            raise RuntimeError("WorkerPool is not started; use it as a context manager")
+        index = self._idle.get()
+        try:
+            return self._verify_task(index, source)
+        finally:
+            self._idle.put(index)
+
+    def submit(self, source: str) -> "Future[VerifyResult]":
+        if self._executor is None:
+            raise RuntimeError("WorkerPool is not started; use it as a context manager")
+        return self._executor.submit(self.verify, source)
+
+    def verify_many(self, sources: Iterable[str]) -> list[VerifyResult]:
+        """Verify tasks concurrently, one per worker at a time; results in input order."""
+        futures = [self.submit(s) for s in sources]
+        return [f.result() for f in futures]
+
+    # --- one task -------------------------------------------------------------------------------
+    def _request(self, index: int, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one request; replace the worker if it is gone or asked to be recycled. An
+        out-of-memory reply on CUDA is retried once holding the device lock for the whole
+        request, since other workers' allocations may have been the cause."""
+        w = self._worker(index)
+        try:
+            reply = w.request(msg, self.cfg.timeout_s)
+        except WorkerGone:
+            self._replace(index)
+            raise
+        if reply.get("recycle"):
+            self._replace(index)
+        if (not reply.get("ok") and reply.get("reason") == "oom" and self.device == "cuda"
+                and not msg.get("exclusive")):
+            return self._request(index, {**msg, "exclusive": True})
+        return reply
+
+    def _result(self, reason: str, source: str, t0: float, **kw: Any) -> VerifyResult:
+        return VerifyResult(accepted=reason == ACCEPTED, reason=reason, source=source, device=self.device_name,
+                            torch_version=self.torch_version, elapsed_s=time.monotonic() - t0, **kw)
+
+    def _verify_task(self, index: int, source: str) -> VerifyResult:
+        t0 = time.monotonic()
+        first: WorkerGone | None = None
+        for attempt in range(2 if self.cfg.retry_crashed else 1):
+            try:
+                result = self._run_checks(index, source, t0)
+                break
+            except WorkerGone as gone:
+                if gone.reason == "crashed" and attempt == 0 and self.cfg.retry_crashed:
+                    first = gone
+                    continue
+                evidence = dict(gone.evidence)
+                if first is not None:
+                    evidence["first_attempt"] = first.evidence
+                result = self._result(gone.reason, getattr(gone, "source", source), t0,
+                                      calib_steps=getattr(gone, "calib_steps", 0), evidence=evidence)
+                break
+        w = self._slots[index]
+        if w is not None:
+            w.tasks_done += 1
+            if w.tasks_done >= self.cfg.max_tasks_per_worker:
+                self._replace(index)
+        return result
+
+    def _run_checks(self, index: int, source: str, t0: float) -> VerifyResult:
+        cfg, lim = self.cfg, self.limits
+        cap = lim.mem_cap_gb * 2**30
+        src, steps, target = source, 0, None
+        history: list[dict[str, Any]] = []
+
+        def ask(op: str) -> dict[str, Any]:
+            try:
+                return self._request(index, {"op": op, "source": src})
+            except WorkerGone as gone:
+                gone.evidence.update(stage=op, history=history)
+                gone.source, gone.calib_steps = src, steps  # type: ignore[attr-defined]
+                raise
+
+        def reject(reason: str, evidence: dict[str, Any], **kw: Any) -> VerifyResult:
+            evidence = {**evidence, "history": history}
+            if target is not None:
+                evidence["target_ms"] = target
+            return self._result(reason, src, t0, calib_steps=steps, evidence=evidence, **kw)
+
+        while True:
+            rep = ask("eager")
+            batch = read_batch_size(src)
+            if not rep["ok"]:
+                ev = {"stage": "eager", **rep["evidence"]}
+                peak = rep["evidence"].get("peak_mem_mb")
+                # Too big for the memory cap: shrink the batch (calibration applies to memory too).
+                if (rep["reason"] == "mem_cap" and cfg.calibrate and batch and batch > 1 and peak
+                        and steps < cfg.max_calib_steps):
+                    new = max(1, min(batch - 1, int(batch * 0.8 * cap / (peak * 2**20))))
+                    history.append({"batch_size": batch, "peak_mem_mb": peak, "reason": "mem_cap"})
+                    src, steps = set_batch_size(src, new), steps + 1
+                    continue
+                return reject(rep["reason"], ev, peak_mem_mb=peak)
+            eager_ms, peak_mb = rep["eager_ms"], rep["peak_mem_mb"]
+            history.append({"batch_size": batch, "eager_ms": eager_ms, "peak_mem_mb": peak_mb})
+            if lim.min_ms <= eager_ms <= lim.max_ms:
+                break
+            band = "too_fast" if eager_ms < lim.min_ms else "too_slow"
+            ev = {"stage": "band", "message": f"eager {eager_ms:.4g} ms outside [{lim.min_ms}, {lim.max_ms}] ms",
+                  "eager_ms": eager_ms}
+            if not cfg.calibrate:
+                return reject(band, ev, eager_ms=eager_ms, peak_mem_mb=peak_mb)
+            if batch is None:
+                return reject(band, {**ev, "calibration": "no module-level batch_size to rescale"},
+                              eager_ms=eager_ms, peak_mem_mb=peak_mb)
+            if steps >= cfg.max_calib_steps:
+                return reject(band, {**ev, "calibration": f"still outside after {steps} steps"},
+                              eager_ms=eager_ms, peak_mem_mb=peak_mb)
+            if target is None:
+                target = draw_target_ms(source, cfg, lim.min_ms, lim.max_ms)
+            new = next_batch_size(batch, eager_ms, target, peak_mb * 2**20, cap)
+            if new == batch:
+                why = "batch_size is 1" if band == "too_slow" else "the memory cap allows no larger batch_size"
+                return reject(band, {**ev, "calibration": why}, eager_ms=eager_ms, peak_mem_mb=peak_mb)
+            src, steps = set_batch_size(src, new), steps + 1
+
+        evidence: dict[str, Any] = {"history": history, "outputs": rep.get("outputs"),
+                                    "timed_runs": rep.get("timed_runs")}
+        if target is not None:
+            evidence["target_ms"] = target
+        compile_ms = None
+        if cfg.check_compile:
+            crep = ask("compile")
+            if not crep["ok"]:
+                return reject(crep["reason"], {"stage": "compile", **crep["evidence"]},
+                              eager_ms=eager_ms, peak_mem_mb=peak_mb)
+            compile_ms = crep["compile_ms"]
+            evidence["compile_s"] = crep["compile_s"]
+            evidence["compile_backend"] = cfg.compile_backend
+        return self._result(ACCEPTED, src, t0, eager_ms=eager_ms, compile_ms=compile_ms, peak_mem_mb=peak_mb,
+                            calib_steps=steps, evidence=evidence)

@@ -1,0 +1,61 @@
+"""The verdict on one task: accepted with its measurements, or rejected with a named reason.
+
+Reasons are plain strings (so reports count them and Parquet stores them); the names below are
+the complete vocabulary, from the cheapest check to the most expensive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCEPTED = "accepted"
+
+# What each reason means; the keys are the only values VerifyResult.reason takes.
+REASONS: dict[str, str] = {
+    ACCEPTED: "passed every check",
+    "syntax_error": "the source does not parse",
+    "load_error": "executing the module (imports, class definitions, constants) raised",
+    "missing_definitions": "no Model, get_inputs or get_init_inputs",
+    "init_error": "get_init_inputs(), Model(...) or get_inputs() raised",
+    "eager_error": "the eager forward raised",
+    "exit_called": "task code called sys.exit / raised SystemExit",
+    "crashed": "the worker process died while running the task (segfault, os._exit, abort), twice",
+    "timeout": "a request ran past timeout_s; the worker was killed",
+    "oom": "the task ran out of memory or exceeded the hard per-worker limit",
+    "cuda_error": "a CUDA error (illegal address, device-side assert) poisoned the context",
+    "no_tensor_output": "forward returned no tensor",
+    "non_finite": "output has NaN or Inf",
+    "constant_output": "every element of an output is the same value",
+    "nondeterministic": "the same inputs and weights gave different outputs twice",
+    "input_insensitive": "two different random inputs gave outputs equal within tolerance",
+    "mem_cap": "peak memory of inputs, weights and activations is above the memory cap",
+    "too_fast": "eager median below min_ms, and calibration could not bring it into the band",
+    "too_slow": "eager median above max_ms, and calibration could not bring it into the band",
+    "compile_error": "torch.compile (or running the compiled model) raised",
+    "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
+    "worker_error": "the verifier itself failed (a bug, not the task's fault)",
+}
+
+
+@dataclass
+class VerifyResult:
+    accepted: bool
+    reason: str
+    source: str  # the task as verified last: for an accepted task, with its calibrated sizes
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+    device: str | None = None  # e.g. "NVIDIA H200" or "cpu"
+    torch_version: str | None = None
+    peak_mem_mb: float | None = None
+    calib_steps: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0  # wall time this verification took, worker restarts included
+
+    def __post_init__(self) -> None:
+        if self.reason not in REASONS:
+            raise ValueError(f"unknown reason {self.reason!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

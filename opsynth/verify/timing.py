@@ -1,0 +1,84 @@
+"""Median runtimes, and the lock that keeps timings on one device from overlapping.
+
+On CUDA a run is timed with CUDA events after warm-up; on CPU with ``time.perf_counter``. The
+lock is an ``fcntl.flock`` on a file named after the device, so it serialises timing across every
+worker of every pool on the machine (Dask may run several pools), while compilation, which is
+CPU-bound, runs in parallel.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+
+def lock_path(device_key: str, lock_dir: str | None = None) -> str:
+    base = lock_dir or tempfile.gettempdir()
+    return os.path.join(base, f"opsynth-verify-timing-{device_key}.lock")
+
+
+@contextmanager
+def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
+              on_acquired: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (no-op when ``path`` is None). ``on_wait`` is called
+    before blocking and ``on_acquired`` after, so the parent can stop counting the wait against
+    the task's timeout."""
+    if path is None:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if on_acquired:
+                on_acquired()
+        yield
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, min_repeats: int,
+              budget_ms: float) -> tuple[float, int]:
+    """Median milliseconds of ``fn()`` and the number of timed runs. Warm-up runs also estimate
+    the runtime, which caps the repeats at about ``budget_ms`` of timing."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    warmup = max(1, warmup)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    sync()
+    est_ms = (time.perf_counter() - t0) * 1e3 / warmup
+    n = int(budget_ms / max(est_ms, 1e-3))
+    n = max(min_repeats, min(repeats, n))
+    times = []
+    if cuda:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        for _ in range(n):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times), n

@@ -1,0 +1,300 @@
+"""A warm verifier worker: ``python -m opsynth.verify.worker --req-fd R --resp-fd W --config JSON``.
+
+Started by :class:`opsynth.verify.pool.WorkerPool` with ``subprocess.Popen`` (not
+``multiprocessing``: the pool lives inside daemonic Dask workers, which may not fork
+multiprocessing children). It imports torch once, initialises CUDA once, then serves requests one
+at a time over the protocol pipes; fd 1 and 2 belong to task code (the parent drains them and
+keeps only a tail), so printing cannot corrupt the protocol.
+
+Requests: ``{"op": "eager", "source": ...}`` runs the eager checks and times the task;
+``{"op": "compile", "source": ...}`` compiles it and compares and times the compiled model.
+Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "recycle": bool, ...}``;
+``{"event": "lock_wait"}`` / ``{"event": "lock_acquired"}`` tell the parent when the task is only
+waiting for the shared timing lock, which does not count against its timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import gc
+import json
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator
+
+from . import protocol
+from .config import VerifyConfig
+from .timing import file_lock, lock_path, median_ms
+
+# Reasons after which the worker's state cannot be trusted (poisoned CUDA context, a task that
+# meant to exit, a fragmented allocator after running out of memory): the parent replaces it.
+RECYCLE_REASONS = {"cuda_error", "exit_called", "oom", "worker_error"}
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _watch_parent() -> None:
+    """Exit when the parent goes away, even if task code is spinning in the main thread."""
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+class MemoryProbe:
+    """Peak memory a task adds: CUDA allocator peak on the GPU, RSS high-water mark on CPU (reset
+    through /proc/self/clear_refs, so each task is measured on its own)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.base = 0
+
+    def start(self) -> None:
+        import torch
+
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
+            self.base = _status_kb("VmRSS") * 1024
+
+    def peak_bytes(self) -> int:
+        import torch
+
+        if self.device.startswith("cuda"):
+            return max(0, torch.cuda.max_memory_allocated() - self.base)
+        return max(0, _status_kb("VmHWM") * 1024 - self.base)
+
+
+class Worker:
+    def __init__(self, cfg: VerifyConfig, resp_fd: int):
+        import torch
+
+        self.torch = torch
+        self.cfg = cfg
+        self.resp_fd = resp_fd
+        want = cfg.device
+        if want == "auto":
+            want = "cuda" if torch.cuda.is_available() else "cpu"
+        if want == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but no GPU is visible")
+        self.device = "cuda" if want.startswith("cuda") else "cpu"
+        self.limits = cfg.limits(self.device)
+        if self.device == "cuda":
+            torch.cuda.init()
+            torch.zeros(1, device="cuda")
+            total = torch.cuda.get_device_properties(0).total_memory
+            frac = min(0.95, self.limits.mem_limit_gb * 2**30 / total)
+            torch.cuda.set_per_process_memory_fraction(frac)
+            self.device_name = torch.cuda.get_device_name(0)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+            key = f"cuda{visible}"
+        else:
+            threads = cfg.cpu_threads_per_worker or int(os.environ.get("OPSYNTH_VERIFY_THREADS", "1"))
+            torch.set_num_threads(max(1, threads))
+            self.device_name = "cpu"
+            key = "cpu"
+        self.lock_file = lock_path(key, cfg.lock_dir) if cfg.serialize_timing else None
+        self._lock_depth = 0
+        # Import the compiler stack now, once, rather than inside the first task's timeout.
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
+
+        if self.device == "cpu":
+            self._limit_address_space()
+
+    def _limit_address_space(self) -> None:
+        """RLIMIT_AS = what torch already maps + the per-worker limit. (Not on CUDA: the driver
+        reserves a huge virtual range; there the device cap and the parent's RSS watchdog hold.)"""
+        import resource
+
+        limit = _status_kb("VmSize") * 1024 + int(self.limits.mem_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    # --- the shared timing lock (re-entrant within this process) ------------------------------
+    @contextmanager
+    def timing_lock(self) -> Iterator[None]:
+        if self._lock_depth or self.lock_file is None:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        with file_lock(
+            self.lock_file,
+            on_wait=lambda: protocol.send(self.resp_fd, {"event": "lock_wait"}),
+            on_acquired=lambda: protocol.send(self.resp_fd, {"event": "lock_acquired"}),
+        ):
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+
+    def _time(self, fn) -> tuple[float, int]:
+        c = self.cfg
+        with self.timing_lock():
+            return median_ms(fn, self.device, c.warmup, c.repeats, c.min_repeats, c.timing_budget_ms)
+
+    # --- requests -------------------------------------------------------------------------------
+    def eager(self, source: str) -> dict[str, Any]:
+        from . import checks as C
+
+        torch, dev, c = self.torch, self.device, self.cfg
+        mod = C.load_task(source)
+        probe = MemoryProbe(dev)
+        probe.start()
+        model = C.build_model(mod, dev)
+        inputs = C.make_inputs(mod, dev, C.SEED_INPUTS)
+        out1 = C.flat_tensors(C.forward(model, inputs, dev))
+        peak = probe.peak_bytes()
+        C.check_outputs_exist(out1)
+        cap = self.limits.mem_cap_gb * 2**30
+        if peak > cap:
+            raise C.Reject("mem_cap", f"peak memory {peak / 2**30:.2f} GB above cap {self.limits.mem_cap_gb} GB",
+                           peak_mem_mb=peak / 2**20)
+        C.check_finite(out1, "first")
+        C.check_not_constant(out1)
+        out2 = C.flat_tensors(C.forward(model, inputs, dev))
+        C.check_deterministic(out1, out2, c.det_atol, c.det_rtol)
+        del out2
+        inputs_b = C.make_inputs(mod, dev, C.SEED_INPUTS_ALT)
+        out_b = C.flat_tensors(C.forward(model, inputs_b, dev))
+        C.check_finite(out_b, "second")
+        C.check_input_sensitive(out1, out_b, c.atol, c.rtol)
+        spec = C.output_spec(out1)
+        del out_b, inputs_b, out1
+
+        def run() -> None:
+            with torch.no_grad():
+                model(*inputs)
+
+        try:
+            eager_ms, n = self._time(run)
+        except BaseException as exc:  # noqa: BLE001
+            raise C.classify(exc, "eager_error") from None
+        return {"eager_ms": eager_ms, "timed_runs": n, "peak_mem_mb": peak / 2**20, "outputs": spec}
+
+    def compile(self, source: str) -> dict[str, Any]:
+        from . import checks as C
+
+        torch, dev, c = self.torch, self.device, self.cfg
+        torch._dynamo.reset()
+        mod = C.load_task(source)
+        model = C.build_model(mod, dev)
+        inputs = C.make_inputs(mod, dev, C.SEED_INPUTS)
+        inputs_b = C.make_inputs(mod, dev, C.SEED_INPUTS_ALT)
+        ref = C.flat_tensors(C.forward(model, inputs, dev))
+        ref_b = C.flat_tensors(C.forward(model, inputs_b, dev))
+        try:
+            compiled = torch.compile(model, backend=c.compile_backend, mode=c.compile_mode)
+        except BaseException as exc:  # noqa: BLE001
+            raise C.classify(exc, "compile_error") from None
+        t0 = time.perf_counter()
+        out = C.flat_tensors(C.forward(compiled, inputs, dev, default="compile_error"))
+        compile_s = time.perf_counter() - t0
+        for label, got, want in (("first", out, ref), ("second", None, ref_b)):
+            if got is None:
+                got = C.flat_tensors(C.forward(compiled, inputs_b, dev, default="compile_error"))
+            if not C.close(got, want, c.atol, c.rtol):
+                raise C.Reject("compile_mismatch", f"compiled output differs from eager on {label} inputs",
+                               max_abs_diff=C.max_diff(got, want), atol=c.atol, rtol=c.rtol)
+        del out, ref, ref_b, inputs_b
+
+        def run() -> None:
+            with torch.no_grad():
+                compiled(*inputs)
+
+        try:
+            compile_ms, n = self._time(run)
+        except BaseException as exc:  # noqa: BLE001
+            raise C.classify(exc, "compile_error") from None
+        return {"compile_ms": compile_ms, "compile_s": compile_s, "timed_runs": n}
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from . import checks as C
+
+        op = msg.get("op")
+        reply: dict[str, Any]
+        try:
+            ctx = self.timing_lock() if msg.get("exclusive") else nullcontext()
+            with ctx:
+                if op == "eager":
+                    data = self.eager(msg["source"])
+                elif op == "compile":
+                    data = self.compile(msg["source"])
+                else:
+                    raise ValueError(f"unknown op {op!r}")
+            reply = {"ok": True, "reason": None, "evidence": {}, **data}
+        except C.Reject as rej:
+            reply = {"ok": False, "reason": rej.reason, "evidence": rej.evidence}
+        except BaseException as exc:  # noqa: BLE001 - a bug in the verifier, reported, not raised
+            rej = C.classify(exc, "worker_error")
+            reply = {"ok": False, "reason": rej.reason, "evidence": rej.evidence}
+        reply["recycle"] = reply["reason"] in RECYCLE_REASONS or not self._healthy()
+        reply["event"] = "reply"
+        return reply
+
+    def _healthy(self) -> bool:
+        """Free what the task left and check that the CUDA context still works."""
+        sys.modules.pop("opsynth_verify_task", None)
+        gc.collect()
+        if self.device != "cuda":
+            return True
+        try:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+            return True
+        except BaseException:  # noqa: BLE001
+            return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--req-fd", type=int, required=True)
+    ap.add_argument("--resp-fd", type=int, required=True)
+    ap.add_argument("--config", required=True, help="VerifyConfig as JSON")
+    args = ap.parse_args(argv)
+    faulthandler.enable()  # a segfault leaves a Python traceback in the output tail
+    threading.Thread(target=_watch_parent, daemon=True).start()
+    cfg = VerifyConfig.from_dict(json.loads(args.config))
+    try:
+        worker = Worker(cfg, args.resp_fd)
+    except BaseException as exc:  # noqa: BLE001
+        protocol.send(args.resp_fd, {"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    import torch
+
+    protocol.send(args.resp_fd, {
+        "event": "ready", "device": worker.device, "device_name": worker.device_name,
+        "torch_version": torch.__version__, "pid": os.getpid(),
+    })
+    while True:
+        try:
+            msg = protocol.recv(args.req_fd)
+        except protocol.ProtocolClosed:
+            return 0
+        if msg.get("op") == "exit":
+            return 0
+        protocol.send(args.resp_fd, worker.handle(msg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

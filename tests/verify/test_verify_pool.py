@@ -1,0 +1,142 @@
+"""The worker pool end to end on CPU: one hand-written faulty task per failure mode, each rejected
+with its reason in the same batch as good tasks, which are still accepted, with the pool alive
+afterwards; calibration of a too-fast task into the band; and one task through inductor."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsynth.verify import VerifyConfig, WorkerPool
+from opsynth.verify.calibrate import read_batch_size
+
+HEADER = "import torch\nimport torch.nn as nn\n\n"
+
+
+def task(forward: str, init: str = "", sizes: str = "batch_size = 32\nfeatures = 512\n",
+         inputs: str = "[torch.randn(batch_size, features)]", init_inputs: str = "[features]",
+         imports: str = "") -> str:
+    body = init or "        self.lin = nn.Linear(features, features)\n"
+    return (
+        HEADER + imports + "\nclass Model(nn.Module):\n"
+        "    def __init__(self, features):\n        super().__init__()\n" + body + "\n"
+        "    def forward(self, x):\n" + forward + "\n\n" + sizes + "\n\n"
+        "def get_inputs():\n    return " + inputs + "\n\n\n"
+        "def get_init_inputs():\n    return " + init_inputs + "\n"
+    )
+
+
+GOOD = task("        return torch.relu(self.lin(x))\n")
+
+FAULTY = {
+    # name: (source, expected reason)
+    "segfault": (task("        ctypes.string_at(0)\n        return x\n", imports="import ctypes\n"), "crashed"),
+    "infinite_loop": (task("        while True:\n            pass\n"), "timeout"),
+    "huge_allocation": (task("        return x + torch.ones(2**33)[: x.shape[1]]\n"), "oom"),
+    "exception": (task("        raise ValueError('task bug')\n"), "eager_error"),
+    "sys_exit": (task("        sys.exit(3)\n", imports="import sys\n"), "exit_called"),
+    "dropout_training": (task("        return self.drop(self.lin(x))\n",
+                              init="        self.lin = nn.Linear(features, features)\n"
+                                   "        self.drop = nn.Dropout(0.5)\n"), "nondeterministic"),
+    "constant_output": (task("        return torch.zeros_like(self.lin(x))\n"), "constant_output"),
+    "nan_output": (task("        return self.lin(x) * float('nan')\n"), "non_finite"),
+    "compile_mismatch": (task("        y = self.lin(x)\n"
+                              "        if torch.compiler.is_compiling():\n            return y + 1.0\n"
+                              "        return y\n"), "compile_mismatch"),
+    "input_insensitive": (task("        return self.lin.weight * 2.0 + 0.0 * x.sum()\n"), "input_insensitive"),
+    "syntax_error": (GOOD.replace("def forward(self, x):", "def forward(self, x)"), "syntax_error"),
+    "missing_get_inputs": (GOOD.replace("def get_inputs", "def get_inputz"), "missing_definitions"),
+    # A few microseconds, and no batch_size to scale: cannot be calibrated into the band.
+    "too_fast_no_batch": (task("        return x * 2.0 + 1.0\n", init="        pass\n",
+                               sizes="rows = 4\nfeatures = 8\n", inputs="[torch.randn(rows, features)]"),
+                          "too_fast"),
+    # 1.6 GB of activations with a 1 GB cap, and no batch_size to shrink.
+    "over_mem_cap": (task("        return x.unsqueeze(0).expand(100000, -1, -1).contiguous().sum(0)\n",
+                          init="        pass\n", sizes="rows = 4\nfeatures = 1024\n",
+                          inputs="[torch.randn(rows, features)]"), "mem_cap"),
+}
+
+# Floods stdout and stderr on every call; the protocol lives on other fds, so it is still accepted.
+FLOOD = task("        print('x' * 200000)\n        os.write(2, b'y' * 200000)\n        return torch.relu(self.lin(x))\n",
+             imports="import os\n")
+
+# Far below the CPU band at batch_size 1, linear in batch_size: calibration must scale it up.
+TOO_FAST_SCALABLE = task("        return torch.tanh(x * 1.5 + 0.5) * x\n", init="        pass\n",
+                         sizes="batch_size = 1\nfeatures = 1024\n")
+
+# Two workers; aot_eager compiles in about a second (inductor has its own test below); small
+# memory limits so the huge allocation and the memory cap trigger quickly; a low calibration target.
+CFG = VerifyConfig(
+    device="cpu", n_workers=2, timeout_s=20.0, compile_backend="aot_eager", cpu_mem_cap_gb=1.0,
+    cpu_mem_limit_gb=3.0, warmup=2, repeats=10, timing_budget_ms=200.0,
+    target_median_ms=0.5, target_p90_ms=1.0,
+)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(CFG) as p:
+        yield p
+
+
+def test_each_failure_mode_is_rejected_with_its_reason_and_good_tasks_survive(pool):
+    names = list(FAULTY)
+    batch = [GOOD] + [FAULTY[n][0] for n in names] + [FLOOD, GOOD]
+    results = pool.verify_many(batch)
+    got = {n: r.reason for n, r in zip(names, results[1:-2])}
+    want = {n: FAULTY[n][1] for n in names}
+    assert got == want, {n: results[1 + i].evidence.get("message") for i, n in enumerate(names)}
+    for r in (results[0], results[-2], results[-1]):
+        assert r.accepted, (r.reason, r.evidence)
+        assert CFG.cpu_min_ms <= r.eager_ms <= CFG.cpu_max_ms
+        assert r.compile_ms is not None and r.compile_ms > 0
+        assert r.device == "cpu" and r.torch_version
+    assert all(not r.accepted for r in results[1:-2])
+    # Evidence names what happened.
+    by_name = dict(zip(names, results[1:-2]))
+    assert by_name["segfault"].evidence["signal"] == "SIGSEGV"
+    assert "first_attempt" in by_name["segfault"].evidence  # retried once on a fresh worker
+    assert "task bug" in by_name["exception"].evidence["message"]
+    assert by_name["dropout_training"].evidence["max_abs_diff"] > 0
+    assert by_name["compile_mismatch"].evidence["max_abs_diff"] == pytest.approx(1.0, abs=1e-4)
+    assert by_name["over_mem_cap"].peak_mem_mb > 1024
+    # The pool is whole again and still verifies.
+    assert pool.alive() == CFG.n_workers
+    assert pool.restarts >= 5
+    again = pool.verify(GOOD)
+    assert again.accepted, again.evidence
+    assert again.to_dict()["reason"] == "accepted"
+
+
+def test_too_fast_task_is_calibrated_into_the_band(pool):
+    r = pool.verify(TOO_FAST_SCALABLE)
+    assert r.accepted, (r.reason, r.evidence)
+    assert r.calib_steps >= 1
+    first = r.evidence["history"][0]
+    assert first["batch_size"] == 1 and first["eager_ms"] < CFG.cpu_min_ms
+    assert read_batch_size(r.source) > 1
+    assert CFG.cpu_min_ms <= r.eager_ms <= CFG.cpu_max_ms
+    # Same task, same target: the calibration is reproducible up to timing noise.
+    assert r.evidence["target_ms"] == pool.verify(TOO_FAST_SCALABLE).evidence["target_ms"]
+
+
+@pytest.mark.slow
+def test_inductor_backend_accepts_a_good_task_and_rejects_a_mismatch():
+    cfg = VerifyConfig(device="cpu", n_workers=1, timeout_s=300.0, compile_backend="inductor",
+                       warmup=2, repeats=10)
+    with WorkerPool(cfg) as p:
+        good, bad = p.verify_many([GOOD, FAULTY["compile_mismatch"][0]])
+    assert good.accepted, (good.reason, good.evidence)
+    assert good.evidence["compile_backend"] == "inductor"
+    assert good.compile_ms > 0
+    assert bad.reason == "compile_mismatch"
+
+
+@pytest.mark.gpu
+def test_cuda_device_side_assert_is_recycled():
+    bad = task("        return x[torch.tensor([10**9], device=x.device)]\n")
+    cfg = VerifyConfig(device="cuda", n_workers=1, compile_backend="aot_eager")
+    with WorkerPool(cfg) as p:
+        r_bad, r_good = p.verify_many([bad, GOOD])
+        assert r_bad.reason == "cuda_error", r_bad.evidence
+        assert r_good.accepted, r_good.evidence
+        assert p.alive() == 1
