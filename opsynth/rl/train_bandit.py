@@ -44,30 +44,48 @@ def get_init_inputs():
     return [scale]
 '''
 
+# One extension holds all three kernels, so the three candidates share a single build (the reward
+# environment caches builds by extension source); each candidate's forward calls a different one.
 _CPU = '''import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
 _SRC = r"""
 #include <torch/extension.h>
+#include <algorithm>
 #include <cmath>
 
-torch::Tensor fused(torch::Tensor x, double scale) {
+template <int MODE>
+static torch::Tensor run(torch::Tensor x, double scale) {
     auto xc = x.contiguous();
     auto out = torch::empty_like(xc);
     const float* in = xc.data_ptr<float>();
     float* o = out.data_ptr<float>();
     const float s = static_cast<float>(scale);
     const int64_t n = xc.numel();
-    for (int64_t i = 0; i < n; ++i) {
-        float v = in[i] > 0.f ? in[i] : 0.f;
-        BODY
+    if (MODE == 0) {  // one fused, vectorisable pass on torch's CPU threads: fast
+        at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) o[i] = std::max(in[i], 0.f) * s + 1.f;
+        });
+    } else if (MODE == 1) {  // the same value through 16 dependent square roots, one thread: slow
+        for (int64_t i = 0; i < n; ++i) {
+            float w = std::max(in[i], 0.f);
+            for (int r = 0; r < 16; ++r) w = std::sqrt(w * w);
+            o[i] = w * s + 1.f;
+        }
+    } else {  // forgets the relu: wrong
+        for (int64_t i = 0; i < n; ++i) o[i] = in[i] * s + 1.f;
     }
     return out;
 }
+
+torch::Tensor fused_fast(torch::Tensor x, double scale) { return run<0>(x, scale); }
+torch::Tensor fused_slow(torch::Tensor x, double scale) { return run<1>(x, scale); }
+torch::Tensor fused_wrong(torch::Tensor x, double scale) { return run<2>(x, scale); }
 """
 
-_ext = load_inline(name="NAME", cpp_sources=[_SRC], functions=["fused"], extra_cflags=["-O3"], verbose=False)
+_ext = load_inline(name="opsynth_bandit_cpu", cpp_sources=[_SRC],
+                   functions=["fused_fast", "fused_slow", "fused_wrong"], extra_cflags=["-O3"], verbose=False)
 
 
 class ModelNew(nn.Module):
@@ -76,43 +94,61 @@ class ModelNew(nn.Module):
         self.scale = scale
 
     def forward(self, x):
-        return _ext.fused(x, self.scale)
+        return _ext.FUNC(x, self.scale)
 '''
 
 _CUDA = '''import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-_CPP = "torch::Tensor fused(torch::Tensor x, double scale);"
+_CPP = """
+torch::Tensor fused_fast(torch::Tensor x, double scale);
+torch::Tensor fused_slow(torch::Tensor x, double scale);
+torch::Tensor fused_wrong(torch::Tensor x, double scale);
+"""
 
 _CU = r"""
 #include <torch/extension.h>
 #include <cuda_runtime.h>
 #include <c10/cuda/CUDAStream.h>
 
+template <int MODE>
 __global__ void fused_kernel(const float* __restrict__ in, float* __restrict__ o, float s, long n) {
     long start = blockIdx.x * (long)blockDim.x + threadIdx.x;
     long stride = (long)blockDim.x * gridDim.x;
     for (long i = start; i < n; i += stride) {
         float v = in[i] > 0.f ? in[i] : 0.f;
-        BODY
+        if (MODE == 0) {
+            o[i] = v * s + 1.f;
+        } else if (MODE == 1) {
+            float w = v;
+            for (int r = 0; r < 16; ++r) w = sqrtf(w * w);
+            o[i] = w * s + 1.f;
+        } else {
+            o[i] = in[i] * s + 1.f;
+        }
     }
 }
 
-torch::Tensor fused(torch::Tensor x, double scale) {
+template <int MODE>
+static torch::Tensor run(torch::Tensor x, double scale, int threads, long max_blocks) {
     auto xc = x.contiguous();
     auto out = torch::empty_like(xc);
     long n = xc.numel();
-    int threads = THREADS;
-    int blocks = BLOCKS;
-    fused_kernel<<<blocks, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    int blocks = (int)std::min((n + threads - 1) / threads, max_blocks);
+    fused_kernel<MODE><<<blocks, threads, 0, c10::cuda::getCurrentCUDAStream()>>>(
         xc.data_ptr<float>(), out.data_ptr<float>(), (float)scale, n);
     return out;
 }
+
+torch::Tensor fused_fast(torch::Tensor x, double scale) { return run<0>(x, scale, 256, 65535L); }
+// One block of 32 threads walking the whole tensor: correct, badly launched, slow.
+torch::Tensor fused_slow(torch::Tensor x, double scale) { return run<1>(x, scale, 32, 1L); }
+torch::Tensor fused_wrong(torch::Tensor x, double scale) { return run<2>(x, scale, 256, 65535L); }
 """
 
-_ext = load_inline(name="NAME", cpp_sources=[_CPP], cuda_sources=[_CU], functions=["fused"],
-                   extra_cuda_cflags=["-O3"], verbose=False)
+_ext = load_inline(name="opsynth_bandit_cuda", cpp_sources=[_CPP], cuda_sources=[_CU],
+                   functions=["fused_fast", "fused_slow", "fused_wrong"], extra_cuda_cflags=["-O3"], verbose=False)
 
 
 class ModelNew(nn.Module):
@@ -121,42 +157,23 @@ class ModelNew(nn.Module):
         self.scale = scale
 
     def forward(self, x):
-        return _ext.fused(x, self.scale)
+        return _ext.FUNC(x, self.scale)
 '''
-
-_FAST_BODY = "o[i] = v * s + 1.f;"
-# The same value pushed through 64 dependent square roots: correct, and slow.
-_SLOW_BODY = "float w = v; for (int r = 0; r < 64; ++r) { w = sqrtf(w * w); } o[i] = w * s + 1.f;"
-_WRONG_BODY = "o[i] = in[i] * s + 1.f;"  # forgets the relu
 
 VOCAB = ["<pad>", "<eos>", "A", "B", "C", "go"]
 PROMPT = "go"
 
 
-def task_source(dim: int = 65536) -> str:
+def task_source(dim: int = 16384) -> str:
     """The bandit's task (relu -> mul -> add on a batch_size x dim input)."""
     return TASK.replace("DIM", str(dim))
 
 
 def candidates(device: str) -> dict[str, str]:
-    """Token -> ModelNew source: A correct and fast, B correct and slow, C wrong."""
-    if device == "cuda":
-        def make(name, body, threads="256", blocks="(int)std::min((n + 255) / 256, (long)65535)"):
-            return (_CUDA.replace("NAME", name).replace("BODY", body)
-                    .replace("THREADS", threads).replace("BLOCKS", blocks))
-
-        return {
-            "A": make("opsynth_bandit_fast_cu", _FAST_BODY),
-            # One block of 32 threads walking the whole tensor: a correct but badly launched kernel.
-            "B": make("opsynth_bandit_slow_cu", _SLOW_BODY, threads="32", blocks="1"),
-            "C": make("opsynth_bandit_wrong_cu", _WRONG_BODY),
-        }
-    make = lambda name, body: _CPU.replace("NAME", name).replace("BODY", body)  # noqa: E731
-    return {
-        "A": make("opsynth_bandit_fast", _FAST_BODY),
-        "B": make("opsynth_bandit_slow", _SLOW_BODY.replace("sqrtf", "std::sqrt")),
-        "C": make("opsynth_bandit_wrong", _WRONG_BODY),
-    }
+    """Token -> ModelNew source: A correct and fast, B correct and slow, C wrong (C++ or CUDA)."""
+    template = _CUDA if device == "cuda" else _CPU
+    return {tok: template.replace("FUNC", fn) for tok, fn in
+            (("A", "fused_fast"), ("B", "fused_slow"), ("C", "fused_wrong"))}
 
 
 def choice_mapper(device: str):
@@ -200,8 +217,8 @@ def write_task_shards(folder: str, code: str, n: int = 4) -> str:
     return str(folder)
 
 
-def bandit_settings(shards: str, output_dir: str, steps: int = 8, num_generations: int = 6,
-                    learning_rate: float = 0.1, seed: int = 0, reward_env: dict | None = None):
+def bandit_settings(shards: str, output_dir: str, steps: int = 5, num_generations: int = 8,
+                    learning_rate: float = 0.2, seed: int = 0, reward_env: dict | None = None):
     """Training settings that make the bandit learn within a handful of steps."""
     from opsynth.rl.trainer import TrainSettings
 

@@ -10,6 +10,7 @@ completion becomes an exact rate) and appended to a JSON-lines log of every eval
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -92,14 +93,19 @@ class KernelReward:
             pairs.append((code, cand))
             where.append(i)
         if pairs:
+            # Identical completions for the same task (common once a group agrees) share one
+            # evaluation: the verdict on one program for one task does not depend on who wrote it.
+            unique: dict[tuple[str, str], int] = {}
+            for p in pairs:
+                unique.setdefault(p, len(unique))
             try:
-                results = self._evaluate_many(pairs, self.eval_cfg)
-                done = [record_from_result(r, task_id=task_ids[i]) for i, r in zip(where, results)]
+                results = self._evaluate_many(list(unique), self.eval_cfg)
+                verdicts = [record_from_result(r) for r in results]
             except Exception as exc:  # the environment should never raise; if it does, each is a -1
                 reason = f"reward_env_error: {exc!r}"[:300]
-                done = [EvalRecord(task_id=task_ids[i], reward=-1.0, correct=False, reason=reason) for i in where]
-            for i, rec in zip(where, done):
-                records[i] = rec
+                verdicts = [EvalRecord(task_id=None, reward=-1.0, correct=False, reason=reason) for _ in unique]
+            for i, p in zip(where, pairs):
+                records[i] = dataclasses.replace(verdicts[unique[p]], task_id=task_ids[i])
         return records  # type: ignore[return-value]
 
     def __call__(

@@ -7,17 +7,13 @@ environment.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from opsynth.rl.score import EvalRecord, format_table, record_from_result, summarize
 from opsynth.rl.train_reward import KernelReward
-
-HERE = Path(__file__).resolve().parent
 
 
 def _verdict(reward, cand_ms=None, eager_ms=4.0, compile_ms=2.0):
@@ -73,30 +69,42 @@ def test_reward_env_crash_is_a_named_minus_one():
     assert rec.reward == -1 and rec.reason.startswith("reward_env_error")
 
 
-def _learning_module():
-    spec = importlib.util.spec_from_file_location("_train_learning", HERE / "test_train_learning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.slow
 def test_score_a_folder_of_candidate_files(tmp_path):
     pytest.importorskip("opsynth.rl.evaluate")
     from opsynth.rl.data import load_rows
     from opsynth.rl.score import score
 
-    tl = _learning_module()
-    shards = tl.write_shards(tmp_path / "shards", tl.TASK, n=3)
+    from opsynth.rl.train_bandit import candidates, task_source, write_task_shards
+
+    shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=3)
+    cand = candidates("cpu")
     rows = load_rows(shards)
     cands = tmp_path / "cands"
     cands.mkdir()
-    (cands / f"{rows[0]['task_id']}.py").write_text(tl.FAST)
-    (cands / f"{rows[1]['task_id']}.txt").write_text(f"Here it is:\n```python\n{tl.WRONG}```\n")
+    (cands / f"{rows[0]['task_id']}.py").write_text(cand["A"])
+    (cands / f"{rows[1]['task_id']}.txt").write_text(f"Here it is:\n```python\n{cand['C']}```\n")
     # rows[2] has no candidate file at all.
-    s = score(shards, split="all", candidates=str(cands), out=str(tmp_path / "out"))
+    from opsynth.rl.eval_types import RewardConfig
+
+    s = score(shards, split="all", candidates=str(cands), out=str(tmp_path / "out"),
+              eval_cfg=RewardConfig(device="cpu"))
     assert s["n"] == 3
     assert s["reward_histogram"]["-1"] == 2 and s["pass_rate"] == pytest.approx(1 / 3)
     assert s["faster_than_eager_rate"] == pytest.approx(1 / 3)
     assert s["failure_reasons"].get("missing_candidate") == 1
     assert (tmp_path / "out" / "score.json").exists()
+
+
+def test_identical_completions_share_one_evaluation():
+    calls = []
+
+    def fake_many(pairs, cfg):
+        calls.append(list(pairs))
+        return [_verdict(2, 3.0) for _ in pairs]
+
+    fence = "```python\nclass ModelNew: pass\n```"
+    recs = KernelReward(evaluate_many_fn=fake_many).evaluate_batch(["T", "T", "U"], [fence, fence, fence],
+                                                                 ["t1", "t2", "u"])
+    assert len(calls) == 1 and len(calls[0]) == 2  # (T, code) once, (U, code) once
+    assert [r.task_id for r in recs] == ["t1", "t2", "u"] and all(r.reward == 2 for r in recs)
