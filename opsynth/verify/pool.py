@@ -204,7 +204,7 @@ class WorkerProcess:
             pass
 
     def close(self, grace: float = 5.0) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and self.ready is not None:  # one still importing: just kill
             try:
                 protocol.send(self._req_w, {"op": "exit"})
                 self.proc.wait(grace)

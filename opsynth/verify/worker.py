@@ -30,9 +30,10 @@ from . import protocol
 from .config import VerifyConfig
 from .timing import file_lock, lock_path, median_ms
 
-# Reasons after which the worker's state cannot be trusted (poisoned CUDA context, a task that
-# meant to exit, a fragmented allocator after running out of memory): the parent replaces it.
-RECYCLE_REASONS = {"cuda_error", "exit_called", "oom", "worker_error"}
+# Reasons after which the worker's state cannot be trusted (a poisoned CUDA context, a task that
+# meant to exit, a verifier bug): the parent replaces the worker. A failed allocation leaves the
+# process intact (RLIMIT_AS or the CUDA caching allocator refused it), so "oom" does not recycle.
+RECYCLE_REASONS = {"cuda_error", "exit_called", "worker_error"}
 
 
 def _status_kb(field: str) -> int:

@@ -66,9 +66,9 @@ TOO_FAST_SCALABLE = task("        return torch.tanh(x * 1.5 + 0.5) * x\n", init=
 # Two workers; aot_eager compiles in about a second (inductor has its own test below); small
 # memory limits so the huge allocation and the memory cap trigger quickly; a low calibration target.
 CFG = VerifyConfig(
-    device="cpu", n_workers=2, timeout_s=20.0, compile_backend="aot_eager", cpu_mem_cap_gb=1.0,
+    device="cpu", n_workers=2, timeout_s=15.0, compile_backend="aot_eager", cpu_mem_cap_gb=1.0,
     cpu_mem_limit_gb=3.0, warmup=2, repeats=10, timing_budget_ms=200.0,
-    target_median_ms=0.5, target_p90_ms=1.0,
+    cpu_min_ms=0.3, target_median_ms=1.0, target_p90_ms=2.0,
 )
 
 
@@ -101,7 +101,7 @@ def test_each_failure_mode_is_rejected_with_its_reason_and_good_tasks_survive(po
     assert by_name["over_mem_cap"].peak_mem_mb > 1024
     # The pool is whole again and still verifies.
     assert pool.alive() == CFG.n_workers
-    assert pool.restarts >= 5
+    assert pool.restarts >= 4  # segfault twice, timeout, sys.exit
     again = pool.verify(GOOD)
     assert again.accepted, again.evidence
     assert again.to_dict()["reason"] == "accepted"
