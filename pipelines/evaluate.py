@@ -32,6 +32,26 @@ def _reward(cfg: Any) -> dict:
 MODES = {"reward": _reward}
 
 
+# --- mode=score (training stage, opsynth.rl.score) -------------------------------------------
+# python -m pipelines.evaluate mode=score +shards=DIR [+split=heldout] (+candidates=DIR | +policy=PATH)
+#     [+heldout_fraction=0.1] [+limit=N] [+out=DIR] [reward.device=...]
+# Prints the KernelBench-style table, then (as every mode) one JSON object: the summary.
+def _score(cfg: Any) -> dict:
+    from opsynth.rl.eval_types import RewardConfig
+    from opsynth.rl.score import score
+
+    return score(
+        str(cfg["shards"]), split=cfg.get("split", "heldout"), candidates=cfg.get("candidates"),
+        policy=cfg.get("policy"), heldout_fraction=float(cfg.get("heldout_fraction", 0.1)),
+        limit=cfg.get("limit"), out=cfg.get("out"), eval_cfg=RewardConfig.from_dict(dict(cfg.get("reward") or {})),
+        samples_per_task=int(cfg.get("samples_per_task", 1)), max_new_tokens=int(cfg.get("max_new_tokens", 1024)),
+    )
+
+
+MODES["score"] = _score
+# --- end mode=score ---------------------------------------------------------------------------
+
+
 def run(cfg: Any) -> dict:
     """Plain entry (tests call it with a dict or DictConfig): dispatches on cfg['mode'] and prints JSON."""
     if isinstance(cfg, DictConfig):

@@ -10,6 +10,7 @@ completion becomes an exact rate) and appended to a JSON-lines log of every eval
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -41,6 +42,31 @@ def _as_candidate(text: str) -> str | None:
     from opsynth.rl.candidate import extract_candidate
 
     return extract_candidate(text)
+
+
+@contextlib.contextmanager
+def _children_on_this_rank_gpu():
+    """Under `accelerate launch` with several GPUs, make the environment's child processes use this
+    rank's GPU (they open `cuda`, i.e. the first visible device, and inherit our environment), so
+    ranks measure on their own GPUs instead of all timing on GPU 0 at once."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = os.environ.get("LOCAL_RANK")
+    if world <= 1 or local is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [d for d in (before or "").split(",") if d.strip()]
+    if visible and len(visible) == 1:
+        yield  # already pinned by the launcher
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[int(local)] if visible else str(int(local))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 class KernelReward:
@@ -99,7 +125,8 @@ class KernelReward:
             for p in pairs:
                 unique.setdefault(p, len(unique))
             try:
-                results = self._evaluate_many(list(unique), self.eval_cfg)
+                with _children_on_this_rank_gpu():
+                    results = self._evaluate_many(list(unique), self.eval_cfg)
                 verdicts = [record_from_result(r) for r in results]
             except Exception as exc:  # the environment should never raise; if it does, each is a -1
                 reason = f"reward_env_error: {exc!r}"[:300]

@@ -143,9 +143,13 @@ def train(
         model, tokenizer = model_and_tokenizer
         chat = False
     else:
-        model, tokenizer, chat = load_policy(
-            settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows]
-        )
+        from accelerate import PartialState
+
+        # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.
+        with PartialState().main_process_first():
+            model, tokenizer, chat = load_policy(
+                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows]
+            )
     records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat) for r in rows]
     dataset = Dataset.from_list(records)
 

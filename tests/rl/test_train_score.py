@@ -8,6 +8,7 @@ environment.
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -70,12 +71,11 @@ def test_reward_env_crash_is_a_named_minus_one():
 
 
 @pytest.mark.slow
-def test_score_a_folder_of_candidate_files(tmp_path):
+def test_evaluate_mode_score_scores_a_folder_of_candidate_files(tmp_path):
     pytest.importorskip("opsynth.rl.evaluate")
     from opsynth.rl.data import load_rows
-    from opsynth.rl.score import score
-
     from opsynth.rl.train_bandit import candidates, task_source, write_task_shards
+    from pipelines.evaluate import run
 
     shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=3)
     cand = candidates("cpu")
@@ -85,10 +85,9 @@ def test_score_a_folder_of_candidate_files(tmp_path):
     (cands / f"{rows[0]['task_id']}.py").write_text(cand["A"])
     (cands / f"{rows[1]['task_id']}.txt").write_text(f"Here it is:\n```python\n{cand['C']}```\n")
     # rows[2] has no candidate file at all.
-    from opsynth.rl.eval_types import RewardConfig
 
-    s = score(shards, split="all", candidates=str(cands), out=str(tmp_path / "out"),
-              eval_cfg=RewardConfig(device="cpu"))
+    s = run({"mode": "score", "shards": shards, "split": "all", "candidates": str(cands),
+             "out": str(tmp_path / "out"), "reward": {"device": "cpu"}})
     assert s["n"] == 3
     assert s["reward_histogram"]["-1"] == 2 and s["pass_rate"] == pytest.approx(1 / 3)
     assert s["faster_than_eager_rate"] == pytest.approx(1 / 3)
@@ -108,3 +107,18 @@ def test_identical_completions_share_one_evaluation():
                                                                  ["t1", "t2", "u"])
     assert len(calls) == 1 and len(calls[0]) == 2  # (T, code) once, (U, code) once
     assert [r.task_id for r in recs] == ["t1", "t2", "u"] and all(r.reward == 2 for r in recs)
+
+
+def test_each_rank_evaluates_on_its_own_gpu(monkeypatch):
+    seen = []
+    fn = KernelReward(evaluate_many_fn=lambda pairs, cfg: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+                      or [_verdict(1, 4.0) for _ in pairs])
+    fence = ["```python\nclass ModelNew: pass\n```"]
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    fn.evaluate_batch(["T"], fence)
+    assert seen == ["6"] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    fn.evaluate_batch(["U"], fence)
+    assert seen[-1] == "2" and "CUDA_VISIBLE_DEVICES" not in os.environ
