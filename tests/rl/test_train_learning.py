@@ -28,11 +28,13 @@ def test_grpo_raises_mean_reward_with_real_reward_environment(tmp_path):
                            reward_env={"device": "cpu"})
     rewards = [r for _, r in summary["reward_by_step"]]
     assert len(rewards) == 5
-    # The environment really judged the candidates: wrong ones fail, correct ones pass, and the fast
-    # one beats eager PyTorch on the CPU.
+    # The environment really judged the candidates: the wrong one fails its comparison, the correct
+    # ones pass, and its timings tell the fast one from the slow one (whether the fast one also beats
+    # eager by 5 % on a shared 2-core machine is timing noise, so not asserted).
     with open(os.path.join(out, "evaluations-rank0.jsonl")) as f:
         evals = [json.loads(line) for line in f]
-    assert any(e["reward"] == -1 and e["reason"] not in ("no_code", "") for e in evals), evals
-    assert any(e["reward"] == 1 for e in evals) and any(e["reward"] >= 2 for e in evals), evals
+    assert any(e["reward"] == -1 and e["reason"] == "incorrect" for e in evals), evals
+    speedups = [e["speedup_eager"] for e in evals if e["correct"]]
+    assert speedups and max(speedups) > 10 * min(speedups), speedups
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.75, rewards
