@@ -76,46 +76,70 @@ def _model(tree: ast.Module) -> ast.ClassDef:
     return next(s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "Model")
 
 
-def splice(a: str, b: str) -> str:
-    """A's Model followed by B's: B's attributes and init parameters get a suffix, B's forward continues
-    from A's result. Only for dedup timing: the result parses but need not run."""
-    ta, tb = ast.parse(a), ast.parse(b)
-    ma, mb = _model(ta), _model(tb)
-    fa = {f.name: f for f in ma.body if isinstance(f, ast.FunctionDef)}
-    fb = {f.name: f for f in mb.body if isinstance(f, ast.FunctionDef)}
-    b_params = {x.arg for x in fb["__init__"].args.args[1:]}
-    for node in ast.walk(mb):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            node.attr += "_b"
-        elif isinstance(node, ast.Name) and node.id in b_params:
-            node.id += "_b"
-        elif isinstance(node, ast.arg) and node.arg in b_params:
-            node.arg += "_b"
-    init_a, init_b = fa["__init__"], fb["__init__"]
-    init_a.args.args += init_b.args.args[1:]
-    init_a.body += [s for s in init_b.body[1:] if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    fwd_a, fwd_b = fa["forward"], fb["forward"]
-    first_b = fwd_b.args.args[1].arg if len(fwd_b.args.args) > 1 else "x"
-    ret = fwd_a.body[-1]
-    result = ret.value if isinstance(ret, ast.Return) and ret.value is not None else ast.Name("x", ast.Load())
-    body_a = fwd_a.body[:-1] if isinstance(ret, ast.Return) else fwd_a.body
-    fwd_a.body = body_a + [ast.Assign([ast.Name(first_b, ast.Store())], result, lineno=0)] + [
-        s for s in fwd_b.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-    ]
-    return ast.unparse(ast.fix_missing_locations(ta))
+def _is_doc(s: ast.stmt) -> bool:
+    return isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+
+
+class SpliceParts:
+    """One task cut into the pieces ``splice`` glues together (parsed once, reused for every pair)."""
+
+    def __init__(self, source: str):
+        tree = ast.parse(source)
+        model = _model(tree)
+        fns = {f.name: f for f in model.body if isinstance(f, ast.FunctionDef)}
+        init, fwd = fns["__init__"], fns["forward"]
+        self.head = "\n".join(ast.unparse(s) for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom)))
+        self.tail = "\n".join(ast.unparse(s) for s in tree.body if s is not model and not isinstance(s, (ast.Import, ast.ImportFrom)))
+        self.a_params = [a.arg for a in init.args.args[1:]]
+        self.a_init = [ast.unparse(s) for s in init.body[1:] if not _is_doc(s)]
+        ret = fwd.body[-1]
+        self.a_fwd = [ast.unparse(s) for s in (fwd.body[:-1] if isinstance(ret, ast.Return) else fwd.body) if not _is_doc(s)]
+        self.a_result = ast.unparse(ret.value) if isinstance(ret, ast.Return) and ret.value is not None else "x"
+        self.a_args = [a.arg for a in fwd.args.args[1:]]
+        # the same task as the second half: attributes and init parameters renamed with a suffix
+        params = set(self.a_params)
+        for node in ast.walk(model):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                node.attr += "_b"
+            elif isinstance(node, ast.Name) and node.id in params:
+                node.id += "_b"
+            elif isinstance(node, ast.arg) and node.arg in params:
+                node.arg += "_b"
+        self.b_params = [a.arg for a in init.args.args[1:]]
+        self.b_init = [ast.unparse(s) for s in init.body[1:] if not _is_doc(s)]
+        self.b_fwd = [ast.unparse(s) for s in fwd.body if not _is_doc(s)]
+        self.b_first = fwd.args.args[1].arg if len(fwd.args.args) > 1 else "x"
+
+
+def _indent(lines: list[str], n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + ln for block in lines for ln in block.splitlines())
+
+
+def splice(a: SpliceParts, b: SpliceParts) -> str:
+    """A's Model followed by B's: B's attributes and init parameters carry a suffix and B's forward
+    continues from A's result. Only for dedup timing: the result parses but need not run."""
+    params = ", ".join(["self"] + a.a_params + b.b_params)
+    init = _indent(["super().__init__()"] + a.a_init + b.b_init, 8)
+    fwd = _indent(a.a_fwd + [f"{b.b_first} = {a.a_result}"] + b.b_fwd, 8)
+    args = ", ".join(["self"] + (a.a_args or ["x"]))
+    return (
+        f"{a.head}\n\n\nclass Model(nn.Module):\n\n    def __init__({params}):\n{init}\n\n"
+        f"    def forward({args}):\n{fwd}\n\n\n{a.tail}\n"
+    )
 
 
 # --- measurements
 
 
 def bench_kb(index: KernelBenchIndex, sources: list[str], n: int) -> dict:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rejected = 0
     for i in range(n):
         if index.check(sources[i % len(sources)]).rejected:
             rejected += 1
-    dt = time.perf_counter() - t0
-    return {"seconds": dt, "per_task_ms": 1e3 * dt / n, "rejected": rejected}
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"seconds": dt, "cpu_seconds": cpu, "per_task_ms": 1e3 * dt / n, "rejected": rejected}
 
 
 def synthetic_report(index: KernelBenchIndex, sources: list[str]) -> dict:
@@ -150,11 +174,11 @@ def synthetic_report(index: KernelBenchIndex, sources: list[str]) -> dict:
 
 def bench_neardup(sources_for: callable, n: int, **kw) -> dict:
     index = NearDupIndex(**kw)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(n):
         index.add(str(i), sources_for(i))
-    dt = time.perf_counter() - t0
-    return {"seconds": dt, "per_task_ms": 1e3 * dt / n, "counts": dict(index.counts)}
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"seconds": dt, "cpu_seconds": cpu, "per_task_ms": 1e3 * dt / n, "counts": dict(index.counts)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -195,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
     rng = random.Random(1234)
     pairs = [(rng.randrange(len(distinct)), rng.randrange(len(distinct))) for _ in range(args.neardup_tasks)]
     t0 = time.perf_counter()
-    spliced = [splice(distinct[a], distinct[b]) for a, b in pairs]
+    parts = [SpliceParts(src) for src in distinct]
+    spliced = [splice(parts[a], parts[b]) for a, b in pairs]
     splice_s = time.perf_counter() - t0
     nd = bench_neardup(spliced.__getitem__, args.neardup_tasks)
 
@@ -204,8 +229,12 @@ def main(argv: list[str] | None = None) -> dict:
     except OSError:
         load = None
     result = {
+        # wall-clock (what was measured); *_cpu_s: CPU time of this one process, which is what "one
+        # core" means when the machine is shared and the wall clock includes waiting for a core
         "kb_check_6000_s": round(kb["seconds"] * 6000 / args.kb_tasks, 3),
         "neardup_100000_s": round(nd["seconds"] * 100_000 / args.neardup_tasks, 3),
+        "kb_check_6000_cpu_s": round(kb["cpu_seconds"] * 6000 / args.kb_tasks, 3),
+        "neardup_100000_cpu_s": round(nd["cpu_seconds"] * 100_000 / args.neardup_tasks, 3),
         "kb_check": {
             "tasks": args.kb_tasks,
             "seconds": round(kb["seconds"], 3),
@@ -245,8 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
     out.write_text(json.dumps(result, indent=2) + "\n")
 
     rows = [
-        ("kb_check_6000_s", result["kb_check_6000_s"], "<= 10", f"{kb['per_task_ms']:.2f} ms/task"),
-        ("neardup_100000_s", result["neardup_100000_s"], "<= 300", f"{nd['per_task_ms']:.2f} ms/task"),
+        ("kb_check_6000_s", result["kb_check_6000_s"], "<= 10", f"{kb['per_task_ms']:.2f} ms/task (wall)"),
+        ("kb_check_6000_cpu_s", result["kb_check_6000_cpu_s"], "<= 10", "process CPU time"),
+        ("neardup_100000_s", result["neardup_100000_s"], "<= 300", f"{nd['per_task_ms']:.2f} ms/task (wall)"),
+        ("neardup_100000_cpu_s", result["neardup_100000_cpu_s"], "<= 300", "process CPU time"),
         ("kb_index_build_s", round(build_s, 2), "", f"{len(index)} problems"),
     ]
     if report:
@@ -257,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, val, target, note in rows:
         print(f"{name:28s} {val:>10} {target:>8s}  {note}")
     print(f"task source: {result['task_source']}")
+    print(f"load average at end: {result['machine']['loadavg_at_end']} (wall times include waiting for a core)")
     print(f"wrote {out}")
     return result
 
