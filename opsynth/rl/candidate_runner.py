@@ -14,7 +14,9 @@ import time
 import traceback
 import types
 
-from opsynth.rl.sandbox import child_main
+from contextlib import ExitStack
+
+from opsynth.rl.sandbox import child_main, device_lock
 
 CUDA_LIBRARY_KERNELS = ("at::", "at_cuda_detail", "cublas", "cutlass", "gemm", "gemv", "xmma", "nvjet", "cudnn", "Memcpy", "Memset", "cub::", "splitKreduce")
 
@@ -34,6 +36,7 @@ def _install(job):
     guards.Blocker(audit).install()
     tracker = guards.ExtensionTracker(audit, os.path.join(job["cache_dir"], "torch_extensions"))
     tracker.install()
+    audit.__enter__()  # stays on the mode stack for the child's life; it only acts while armed
     return torch, guards, audit, tracker
 
 
@@ -95,19 +98,25 @@ def _device_inputs(torch, trial, device):
 
 
 def _poison(torch, meta, device):
-    """Fill memory the caching allocator (or malloc) will hand out next with NaN / sentinel values."""
-    if not meta:
-        return
-    for shape, dtype in meta:
-        dt = getattr(torch, dtype)
-        p = torch.empty(shape, dtype=dt, device=device)
-        if dt.is_floating_point or dt.is_complex:
-            p.fill_(float("nan"))
-        elif dt == torch.bool:
-            p.fill_(True)
-        else:
-            p.fill_(torch.iinfo(dt).max if dt != torch.uint8 else 255)
+    """Fill memory the caching allocator (or malloc) will hand out next with NaN / sentinel values.
+
+    Belt and braces: the audit also NaN-fills every torch.empty* made during a checked call.
+    """
+    from opsynth.rl.guards import poison_fill
+
+    for shape, dtype in meta or []:
+        p = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        poison_fill(p)
         del p
+
+
+def _same_bits(torch, a, b) -> bool:
+    """Bitwise equality (NaN-safe, unlike torch.equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8), b.detach().reshape(-1).contiguous().view(torch.uint8))
 
 
 def _outputs_list(out):
@@ -142,6 +151,7 @@ def measure(job) -> dict:
         if bad:
             raise Reject(bad.split(":")[0], f"{bad} ({where})")
 
+    lock = ExitStack()
     try:
         t0 = time.perf_counter()
         mod = _load_candidate(job, tracker)
@@ -186,12 +196,15 @@ def measure(job) -> dict:
             if cuda:
                 _sync()
             n_viol = len(audit.violations)
+            audit.poison = True
             try:
                 out = guarded(*args)
             except Exception as e:
                 if len(audit.violations) > n_viol:
                     raise Reject("forbidden_op:" + audit.violations[n_viol], f"{where}: {e}")
                 raise Reject("runtime_error", f"{where}: " + traceback.format_exc()[-4000:])
+            finally:
+                audit.poison = False
             if len(audit.violations) > n_viol:
                 raise Reject("reference_fallback", f"{where}: blocked op {audit.violations[n_viol]} was caught and swallowed by the candidate")
             if audit.stream_use:
@@ -215,13 +228,16 @@ def measure(job) -> dict:
             time.sleep(0.02)
             _sync()
             for e, o in zip(early, outs):
-                if not torch.equal(e, o):
+                if not _same_bits(torch, e, o):
                     raise Reject("side_stream", f"{where}: output changed after forward returned (work outside the timed region)")
             for p, a in zip(pristine, args):
-                if isinstance(a, torch.Tensor) and not torch.equal(p, a):
+                if isinstance(a, torch.Tensor) and not _same_bits(torch, p, a):
                     raise Reject("input_mutated", f"{where}: forward modified its input in place")
             return [o.detach().cpu() for o in early]
 
+        t_setup = time.perf_counter() - t0
+        lock.enter_context(device_lock(job))
+        t1 = time.perf_counter()
         meta = job["output_meta"]
         contents = [_device_inputs(torch, t, device) for t in data["trials"]]
         # One set of buffers for all trials: a cache keyed on the input pointer sees new contents.
@@ -273,12 +289,16 @@ def measure(job) -> dict:
             if guards.new_python_threads(base_threads):
                 raise Reject("side_stream", "timing: thread still running after forward returned")
             check_harness("timing")
-            timing_outs = [[o.detach().cpu() for o in _outputs_list(x)] for x in last]
+            lock.close()
+            print(f"[candidate] setup {t_setup:.2f} s, checks and timing {time.perf_counter() - t1:.2f} s", flush=True)
+            timing_outs = [None if x is None else [o.detach().cpu() for o in _outputs_list(x)] for x in last]
         _save({"trials": trial_outs, "second": second_outs, "timing": timing_outs}, job["outputs_path"])
         return {"reason": "ok", "candidate_ms": cand_ms, "kernels": kernels[:20], "ext_calls": tracker.calls, **info}
     except Reject as r:
         print(f"[candidate] rejected: {r.reason}: {r.detail}", flush=True)
         return {"reason": r.reason, "detail": r.detail[-2000:], **info}
+    finally:
+        lock.close()
 
 
 def run(job: dict) -> dict:

@@ -40,7 +40,10 @@ class RewardConfig:
     run_timeout_s: float = 300.0
     reference_timeout_s: float = 600.0
     memory_limit_gb: float = 32.0  # RLIMIT_AS on the cpu backend (cuda reserves huge address ranges)
+    prebuild: bool = True  # evaluate_many: build in separate parallel children before measuring
     build_workers: int | None = None  # evaluate_many: parallel builds (None: cpu_count // 2, at least 1)
+    measure_workers: int | None = None  # evaluate_many: children in flight on the device (None: 4 on cuda, 1 on cpu);
+    # their checked and timed sections hold an exclusive device lock, so only start-up overlaps
     keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
 
     def resolved_cache_dir(self) -> Path:
@@ -55,6 +58,11 @@ class RewardConfig:
             return "cuda" if torch.cuda.is_available() else "cpu"
         except Exception:
             return "cpu"
+
+    def resolved_measure_workers(self, device: str) -> int:
+        if self.measure_workers:
+            return self.measure_workers
+        return 4 if device == "cuda" else 1
 
     def timing(self, device: str) -> tuple[int, int]:
         warm = self.warmup if self.warmup is not None else (10 if device == "cuda" else 3)

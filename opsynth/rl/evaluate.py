@@ -20,7 +20,6 @@ import json
 import secrets
 import shutil
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -74,6 +73,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         "data_path": str(scratch / "data.pt"),
         "ref_outputs_path": str(scratch / "ref_outputs.pt"),
         "result_path": str(scratch / "ref_result.json"),
+        "device_lock": str(cfg.resolved_cache_dir() / "device.lock"),
     }
     res = run_child("opsynth.rl.reference_runner", job, scratch, cfg.reference_timeout_s, cfg)
     if res.reason != "ok":
@@ -109,6 +109,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
         "cpu_threads": cfg.cpu_threads,
         "memory_limit_gb": cfg.memory_limit_gb,
         "result_path": str(scratch / f"cand_{mode}.json"),
+        "device_lock": str(cfg.resolved_cache_dir() / "device.lock"),
     }
     if ref is not None and ref.job is not None:
         job.update(
@@ -199,10 +200,12 @@ def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = N
 
 
 def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
-    """Evaluate (task_code, candidate) pairs, building in parallel on the CPU while the device measures.
+    """Evaluate (task_code, candidate) pairs, overlapping CPU builds with device measurement.
 
-    References (one per distinct task) and measurements share one device lane, so timings never
-    overlap each other; builds run on `cfg.build_workers` threads, each driving a child process.
+    Builds run in `build_workers` children at once (CPU); references (one per distinct task) and
+    measurements run in `measure_workers` children, whose device-sensitive sections (checked calls
+    and timing) take an exclusive lock on the device, so timings never overlap each other while the
+    next child's start-up (imports, CUDA context, loading the built extension) does.
     """
     import os
 
@@ -217,55 +220,56 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
             results[i] = early
         else:
             specs[i] = spec
-    workers = cfg.build_workers or max(1, (os.cpu_count() or 2) // 2)
+    build_workers = cfg.build_workers or max(1, (os.cpu_count() or 2) // 2)
     scratches = {i: _tmpdir("opsynth_cand_") for i in specs}
-    refs: dict[str, _Reference] = {}
-    lock = threading.Lock()
+    by_digest: dict[str, list[int]] = {}
+    for i in specs:
+        by_digest.setdefault(specs[i].digest(), []).append(i)
 
-    def build(i):
-        return i, _build(specs[i], cfg, device, scratches[i])
+    def build(digest):
+        i = by_digest[digest][0]
+        if not cfg.prebuild:  # the measuring child builds inline (one process per candidate)
+            from opsynth.rl.sandbox import ChildResult
+
+            return digest, ChildResult("ok")
+        return digest, _build(specs[i], cfg, device, scratches[i])
+
+    ref_futs = {}
+
+    def measure(j, bres):
+        ref = ref_futs[pairs[j][0]].result()
+        if not ref.ok:
+            return EvalResult.rejected(ref.reason, ref.log, device=device)
+        if bres.reason != "ok":
+            return EvalResult.rejected(bres.reason, bres.log, device=device)
+        return _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
 
     try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            # Identical candidates share a build: submit one build per distinct digest first.
-            first_of: dict[str, int] = {}
-            futures = []
-            for i in specs:
-                d = specs[i].digest()
-                if d not in first_of:
-                    first_of[d] = i
-                    futures.append(pool.submit(build, i))
-            # Device lane: references while builds run.
+        with ThreadPoolExecutor(max_workers=build_workers) as bpool, ThreadPoolExecutor(
+            max_workers=cfg.resolved_measure_workers(device)
+        ) as mpool:
+            # References go first in the measurement queue, so measurements never wait behind them long.
             for i in specs:
                 task = pairs[i][0]
-                if task not in refs:
-                    refs[task] = _prepare_reference(task, cfg, device)
-            built: dict[str, object] = {}
-            pending = {i for i in specs}
-
-            def measure_ready(digest: str, bres):
-                for j in sorted(pending):
-                    if specs[j].digest() != digest:
-                        continue
-                    ref = refs[pairs[j][0]]
-                    if not ref.ok:
-                        results[j] = EvalResult.rejected(ref.reason, ref.log, device=device)
-                    elif bres.reason != "ok":
-                        results[j] = EvalResult.rejected(bres.reason, bres.log, device=device)
-                    else:
-                        results[j] = _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
-                    with lock:
-                        pending.discard(j)
-
-            for fut in as_completed(futures):
-                i, bres = fut.result()
-                built[specs[i].digest()] = bres
-                measure_ready(specs[i].digest(), bres)
+                if task not in ref_futs:
+                    ref_futs[task] = mpool.submit(_prepare_reference, task, cfg, device)
+            build_futs = [bpool.submit(build, d) for d in by_digest]  # identical candidates build once
+            measure_futs = {}
+            for fut in as_completed(build_futs):
+                digest, bres = fut.result()
+                for j in by_digest[digest]:
+                    measure_futs[j] = mpool.submit(measure, j, bres)
+            for j, fut in measure_futs.items():
+                try:
+                    results[j] = fut.result()
+                except Exception as e:  # a harness bug must not lose the whole batch
+                    results[j] = EvalResult.rejected("crashed", f"harness error: {type(e).__name__}: {e}", device=device)
     finally:
         for s in scratches.values():
             _cleanup(s, cfg)
-        for r in refs.values():
-            _cleanup(r.scratch, cfg)
+        for f in ref_futs.values():
+            if f.done() and f.exception() is None:
+                _cleanup(f.result().scratch, cfg)
     return [r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device) for r in results]
 
 

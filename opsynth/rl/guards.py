@@ -1,7 +1,8 @@
 """Runtime guards around ModelNew.forward, inside the candidate child. These are the authority;
 the static pre-check only saves time on the obvious cases.
 
-- OpAudit: a TorchDispatchMode that records every aten/prims op executed while armed (also ops that
+- OpAudit: a TorchDispatchMode that poisons (NaN-fills) every uninitialised allocation in checked
+  calls, so an output that was never written cannot pass off stale memory as a result; and records every aten/prims op executed while armed (also ops that
   C++ extension code calls through the dispatcher, e.g. at::matmul); only creation, view, copy and
   metadata ops are allowed. The extension's own pybind functions never reach the dispatcher.
 - torch.nn.functional and Tensor -> numpy/list escapes raise while armed (CUDA-Agent blocks F).
@@ -57,6 +58,7 @@ class OpAudit(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.armed = False
+        self.poison = False  # fill fresh torch.empty* results with NaN (checked calls, not timed ones)
         self.violations: list[str] = []
         self.stream_use: list[str] = []
 
@@ -67,7 +69,23 @@ class OpAudit(TorchDispatchMode):
             if ns in TORCH_NAMESPACES and name not in ALLOWED_OPS:
                 self.violations.append(f"{ns}.{name}")
                 raise ForbiddenOp(f"torch op {ns}.{name} called inside ModelNew.forward")
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.armed and self.poison and getattr(func, "_opname", "") in EMPTY_OPS and isinstance(out, torch.Tensor):
+            poison_fill(out)
+        return out
+
+
+EMPTY_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+def poison_fill(t: "torch.Tensor") -> None:
+    """What uninitialised memory holds in a checked call: NaN (or the integer maximum)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
 
 
 class Blocker:
@@ -258,12 +276,29 @@ class ExtensionTracker:
         self.modules.append(mod.__name__)
         return proxy
 
-    def _timed_build(self, fn, *a, **k):
+    def _timed_build(self, fn, name, build_dir, *a, **k):
+        """Build (or import an earlier build of) one extension.
+
+        A finished build leaves a marker; later loads import the .so directly, skipping torch's
+        ninja round trip (about a second a candidate, which adds up over thousands of rewards).
+        """
+        import os
         import time
 
+        import torch.utils.cpp_extension as ce
+
         t0 = time.perf_counter()
+        marker = os.path.join(build_dir, ".opsynth_built")
         try:
-            return fn(*a, **k)
+            if os.path.exists(marker) and os.path.exists(os.path.join(build_dir, f"{name}.so")):
+                try:
+                    return ce._import_module_from_library(name, build_dir, k.get("is_python_module", True))
+                except Exception:
+                    pass
+            mod = fn(name, *a, build_directory=build_dir, **k)
+            with open(marker, "w") as f:
+                f.write(name)
+            return mod
         except BaseException as e:
             self.build_failed = f"{type(e).__name__}: {e}"[-4000:]
             raise
@@ -283,8 +318,8 @@ class ExtensionTracker:
         def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
             kwargs.pop("build_directory", None)
             key = _key(name, cpp_sources, cuda_sources, args, sorted((k, repr(v)) for k, v in kwargs.items()), torch.__version__)
-            kwargs["build_directory"] = tracker._build_dir(name, key)
-            mod = tracker._timed_build(orig_inline, name, cpp_sources, cuda_sources, *args, **kwargs)
+            bdir = tracker._build_dir(name, key)
+            mod = tracker._timed_build(orig_inline, name, bdir, cpp_sources, cuda_sources, *args, **kwargs)
             return tracker._wrap_module(mod)
 
         @functools.wraps(orig_load)
@@ -296,8 +331,8 @@ class ExtensionTracker:
                 with open(s, "rb") as f:
                     contents.append(hashlib.sha256(f.read()).hexdigest())
             key = _key(name, contents, args, sorted((k, repr(v)) for k, v in kwargs.items()), torch.__version__)
-            kwargs["build_directory"] = tracker._build_dir(name, key)
-            mod = tracker._timed_build(orig_load, name, srcs, *args, **kwargs)
+            bdir = tracker._build_dir(name, key)
+            mod = tracker._timed_build(orig_load, name, bdir, srcs, *args, **kwargs)
             return tracker._wrap_module(mod)
 
         ce.load_inline = load_inline

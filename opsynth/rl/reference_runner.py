@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 
-from opsynth.rl.sandbox import child_main
+from opsynth.rl.sandbox import child_main, device_lock
 
 
 def _to_cpu(x):
@@ -31,6 +31,13 @@ def _make_inputs(mod, seed: int, device: str):
 
 
 def run(job: dict) -> dict:
+    import torch  # noqa: F401  (import outside the device lock)
+
+    with device_lock(job):
+        return _run(job)
+
+
+def _run(job: dict) -> dict:
     import torch
 
     from opsynth.rl.task_io import as_output_list, load_task_module, with_second_shape

@@ -7,6 +7,7 @@ anything else it prints becomes the log.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +39,10 @@ def child_env(cache_dir: Path, cpu_threads: int | None) -> dict:
     env["TORCH_EXTENSIONS_DIR"] = str(cache_dir / "torch_extensions")
     env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    # Keep freed blocks (up to 32 MiB) in the heap with their contents, so the poison the candidate
+    # runner writes into freed memory is what an unwritten output shows (glibc would otherwise unmap it).
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 * 2**20))
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(2**30))
     if cpu_threads:
         env["OMP_NUM_THREADS"] = str(cpu_threads)
     return env
@@ -103,6 +109,21 @@ def apply_limits(job: dict) -> None:
         # CUDA reserves terabytes of address space, so an address-space cap only fits the cpu backend.
         cap = int(float(job["memory_limit_gb"]) * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+@contextmanager
+def device_lock(job: dict):
+    """Exclusive use of the device for the timed and checked part of a child's work."""
+    path = job.get("device_lock")
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def child_main(fn) -> None:

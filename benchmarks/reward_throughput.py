@@ -1,0 +1,334 @@
+"""Reward evaluations per minute: overlapped (evaluate_many) vs one at a time (evaluate), same run.
+
+Every candidate is a distinct `load_inline` source (a salted template), so each needs its own build,
+as completions from a policy do. Baselines (eager / torch.compile timings) are measured once per task
+before either run, as in steady-state training where they are cached.
+
+    python benchmarks/reward_throughput.py                      # H200: CUDA candidates
+    python benchmarks/reward_throughput.py --device cpu --count 2 --baseline-count 1   # CPU smoke
+
+Imports only torch and opsynth.rl (no dask / hydra / datasets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from opsynth.rl import RewardConfig, evaluate, evaluate_many  # noqa: E402
+
+# ---- tasks (KernelBench format) -------------------------------------------------------------------
+
+TASKS = {
+    "chain": '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, scale, shift):
+        super().__init__()
+        self.scale = scale
+        self.shift = shift
+
+    def forward(self, x):
+        x = x * self.scale
+        x = x + self.shift
+        x = torch.relu(x)
+        x = x * 0.5
+        x = x - 0.25
+        return torch.abs(x)
+
+
+batch_size = {bs}
+dim = {dim}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [2.0, 1.0]
+''',
+    "relu_scale": '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+
+batch_size = {bs}
+dim = {dim}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [3.0]
+''',
+    "linear_relu": '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+
+batch_size = {bs}
+in_features = {k}
+out_features = {k}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features]
+''',
+}
+
+SIZES = {
+    "cuda": {"chain": dict(bs=512, dim=32768), "relu_scale": dict(bs=512, dim=32768), "linear_relu": dict(bs=1024, k=1024)},
+    "cpu": {"chain": dict(bs=64, dim=8192), "relu_scale": dict(bs=64, dim=8192), "linear_relu": dict(bs=64, k=128)},
+}
+
+# ---- candidate templates: {salt} makes every source distinct, {threads} varies the launch ----------
+
+CUDA_ELEMENTWISE = r'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_SRC = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+// variant {salt}
+__global__ void k(const float* __restrict__ x, float* __restrict__ y, long n, float a, float b) {{
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {{
+        float v = x[i]{body};
+        y[i] = v;
+    }}
+}}
+torch::Tensor run(torch::Tensor x, double a, double b) {{
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    long n = xc.numel();
+    long blocks = std::min<long>((n + {threads} - 1) / {threads}, 65535L * 8);
+    k<<<blocks, {threads}, 0, at::cuda::getCurrentCUDAStream()>>>(xc.data_ptr<float>(), y.data_ptr<float>(), n, (float)a, (float)b);
+    return y;
+}}
+"""
+
+ext = load_inline(name="bench_{task}_{salt}", cpp_sources="torch::Tensor run(torch::Tensor x, double a, double b);",
+                  cuda_sources=_SRC, functions=["run"], extra_cuda_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+        self.a = float(args[0])
+        self.b = float(args[1]) if len(args) > 1 else 0.0
+
+    def forward(self, x):
+        return ext.run(x, self.a, self.b)
+'''
+
+CUDA_LINEAR = r'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_SRC = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+// variant {salt}
+#define T 16
+__global__ void k(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
+    __shared__ float xs[T][T], ws[T][T];
+    int i = blockIdx.y * T + threadIdx.y, j = blockIdx.x * T + threadIdx.x;
+    float acc = 0.f;
+    for (int t0 = 0; t0 < kk; t0 += T) {{
+        xs[threadIdx.y][threadIdx.x] = (i < n && t0 + threadIdx.x < kk) ? X[(long)i * kk + t0 + threadIdx.x] : 0.f;
+        ws[threadIdx.y][threadIdx.x] = (blockIdx.x * T + threadIdx.y < m && t0 + threadIdx.x < kk) ? W[(long)(blockIdx.x * T + threadIdx.y) * kk + t0 + threadIdx.x] : 0.f;
+        __syncthreads();
+        for (int t = 0; t < T; ++t) acc += xs[threadIdx.y][t] * ws[threadIdx.x][t];
+        __syncthreads();
+    }}
+    if (i < n && j < m) {{ float v = acc + B[j]; Y[(long)i * m + j] = v > 0.f ? v : 0.f; }}
+}}
+torch::Tensor run(torch::Tensor x, torch::Tensor w, torch::Tensor b) {{
+    auto xc = x.contiguous(); auto wc = w.contiguous();
+    int n = xc.size(0), kk = xc.size(1), m = wc.size(0);
+    auto y = torch::empty({{n, m}}, xc.options());
+    dim3 block(T, T), grid((m + T - 1) / T, (n + T - 1) / T);
+    k<<<grid, block, 0, at::cuda::getCurrentCUDAStream()>>>(xc.data_ptr<float>(), wc.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>(), n, kk, m);
+    return y;
+}}
+"""
+
+ext = load_inline(name="bench_{task}_{salt}", cpp_sources="torch::Tensor run(torch::Tensor x, torch::Tensor w, torch::Tensor b);",
+                  cuda_sources=_SRC, functions=["run"], extra_cuda_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return ext.run(x, self.linear.weight, self.linear.bias)
+'''
+
+CPU_ELEMENTWISE = r'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_SRC = r"""
+#include <torch/extension.h>
+// variant {salt}
+torch::Tensor run(torch::Tensor x, double a, double b) {{
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const float* p = xc.data_ptr<float>();
+    float* q = y.data_ptr<float>();
+    for (long i = 0; i < xc.numel(); ++i) {{ float v = p[i]{body}; q[i] = v; }}
+    return y;
+}}
+"""
+
+ext = load_inline(name="bench_{task}_{salt}", cpp_sources=_SRC, functions=["run"], extra_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+        self.a = float(args[0])
+        self.b = float(args[1]) if len(args) > 1 else 0.0
+
+    def forward(self, x):
+        return ext.run(x, self.a, self.b)
+'''
+
+CHAIN_BODY = " * a + b; v = v > 0.f ? v : 0.f; v = fabsf(v * 0.5f - 0.25f)"
+RELU_SCALE_BODY = " * 1.0f; v = (v > 0.f ? v : 0.f) * a"
+
+
+def candidate_source(task: str, salt: int, device: str) -> str:
+    threads = (128, 256, 512)[salt % 3]
+    if task == "linear_relu":
+        if device == "cuda":
+            return CUDA_LINEAR.format(salt=salt, task=task)
+        task = "relu_scale"  # CPU smoke runs keep to the elementwise template
+    body = CHAIN_BODY if task == "chain" else RELU_SCALE_BODY
+    tpl = CUDA_ELEMENTWISE if device == "cuda" else CPU_ELEMENTWISE
+    return tpl.format(salt=salt, task=task, body=body, threads=threads)
+
+
+def make_pairs(device: str, tasks: list[str], count: int, salt0: int) -> tuple[list, dict]:
+    srcs = {t: TASKS[t].format(**SIZES[device][t]) for t in tasks}
+    pairs = []
+    for i in range(count):
+        t = tasks[i % len(tasks)]
+        cand_task = t if (device == "cuda" or t != "linear_relu") else "linear_relu"
+        pairs.append((t, srcs[t], candidate_source(cand_task, salt0 + i, device)))
+    return pairs, srcs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--tasks", default="chain,relu_scale,linear_relu")
+    ap.add_argument("--count", type=int, default=48, help="candidates in the overlapped run")
+    ap.add_argument("--baseline-count", type=int, default=8, help="candidates evaluated one at a time")
+    ap.add_argument("--build-workers", type=int, default=None)
+    ap.add_argument("--measure-workers", type=int, default=None)
+    ap.add_argument("--cache-dir", default=None, help="default: a fresh temp dir (so every build is real)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reward_throughput.json"))
+    args = ap.parse_args()
+
+    import torch
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    tasks = [t for t in args.tasks.split(",") if t]
+    if device == "cpu":
+        tasks = [t for t in tasks if t != "linear_relu"] or ["chain"]
+    cache = args.cache_dir or tempfile.mkdtemp(prefix="reward_bench_")
+    cfg = RewardConfig(device=device, cache_dir=cache, build_workers=args.build_workers, measure_workers=args.measure_workers)
+    run_salt = int(time.time()) % 100000 * 1000  # fresh sources even with a reused cache dir
+
+    # Warm-up: reference baselines (eager, torch.compile) per task, cached as in steady-state training.
+    t0 = time.perf_counter()
+    _, task_srcs = make_pairs(device, tasks, len(tasks), 0)
+    for name, src in task_srcs.items():
+        from opsynth.rl.evaluate import _prepare_reference, _cleanup
+
+        ref = _prepare_reference(src, cfg, device)
+        print(f"[warm-up] {name}: ok={ref.ok} eager={ref.eager_ms} compile={ref.compile_ms}", flush=True)
+        _cleanup(ref.scratch, cfg)
+    warmup_s = time.perf_counter() - t0
+
+    pairs, _ = make_pairs(device, tasks, args.count, run_salt)
+    t0 = time.perf_counter()
+    results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg)
+    overlapped_s = time.perf_counter() - t0
+
+    base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 500)
+    t0 = time.perf_counter()
+    base_results = [evaluate(src, cand, cfg) for _, src, cand in base_pairs]
+    baseline_s = time.perf_counter() - t0
+
+    def summary(res):
+        return dict(collections.Counter(f"{r.reward}:{r.reason}" for r in res))
+
+    out = {
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
+        "evals_per_min": round(len(results) / overlapped_s * 60, 2),
+        "baseline_evals_per_min": round(len(base_results) / baseline_s * 60, 2),
+        "count": len(results),
+        "baseline_count": len(base_results),
+        "overlapped_s": round(overlapped_s, 1),
+        "baseline_s": round(baseline_s, 1),
+        "warmup_s": round(warmup_s, 1),
+        "build_workers": cfg.build_workers or max(1, (os.cpu_count() or 2) // 2),
+        "measure_workers": cfg.resolved_measure_workers(device),
+        "rewards": summary(results),
+        "baseline_rewards": summary(base_results),
+        "tasks": tasks,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print()
+    print(f"{'mode':<14}{'evals':>7}{'seconds':>10}{'evals/min':>11}")
+    print(f"{'overlapped':<14}{out['count']:>7}{out['overlapped_s']:>10}{out['evals_per_min']:>11}")
+    print(f"{'one-at-a-time':<14}{out['baseline_count']:>7}{out['baseline_s']:>10}{out['baseline_evals_per_min']:>11}")
+    print(f"rewards (overlapped): {out['rewards']}")
+    print(f"device: {out['device']}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale, shift):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return F.relu(ext.chain(x, self.scale, self.shift))

@@ -1,0 +1,7 @@
+class ModelNew(nn.Module):
+    def __init__(self, scale, shift):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return ext.chain_wrong(x, self.scale, self.shift)
