@@ -90,7 +90,10 @@ def test_evaluate_mode_score_scores_a_folder_of_candidate_files(tmp_path):
              "out": str(tmp_path / "out"), "reward": {"device": "cpu"}})
     assert s["n"] == 3
     assert s["reward_histogram"]["-1"] == 2 and s["pass_rate"] == pytest.approx(1 / 3)
-    assert s["faster_than_eager_rate"] == pytest.approx(1 / 3)
+    # The correct candidate was timed against eager (whether it wins by 5 % on a loaded 2-core
+    # machine is noise; the rate is consistent with its speedup either way).
+    assert s["geomean_speedup_eager"] > 0
+    assert s["faster_than_eager_rate"] == pytest.approx((s["geomean_speedup_eager"] > 1 / 0.95) / 3)
     assert s["failure_reasons"].get("missing_candidate") == 1
     assert (tmp_path / "out" / "score.json").exists()
 
