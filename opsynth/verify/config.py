@@ -44,6 +44,9 @@ class VerifyConfig:
     max_tasks_per_worker: int = 200
     # Retry a task once on a fresh worker when its worker dies, before calling it "crashed".
     retry_crashed: bool = True
+    # Import torch's compiler stack when a worker starts (seconds), so the first compile request
+    # does not pay for it; tests that restart workers often turn it off.
+    preload_compiler: bool = True
 
     # Runtime band (Ops-6K: 1 to 100 ms of eager time on the GPU) and memory, per device kind.
     min_ms: float = 1.0

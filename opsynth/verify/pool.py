@@ -140,10 +140,13 @@ class WorkerProcess:
         return self._wait(timeout, watch_memory=True)
 
     def _wait(self, timeout: float, watch_memory: bool) -> dict[str, Any]:
-        """Wait for a reply; time spent while the worker waits for the timing lock is not
-        counted. Raises WorkerGone (after killing the worker) on death, timeout or memory."""
+        """Wait for a reply. Time the worker reports as paused (waiting for the timing lock,
+        importing the compiler) is not counted; an import pause is itself bounded by
+        startup_timeout_s. Raises WorkerGone (after killing the worker) on death, timeout or
+        memory."""
         deadline = time.monotonic() + timeout
         paused_at: float | None = None
+        pause_kind = ""
         next_mem = 0.0
         while True:
             try:
@@ -159,9 +162,9 @@ class WorkerProcess:
             now = time.monotonic()
             if msg is not None:
                 event = msg.get("event")
-                if event == "lock_wait":
-                    paused_at = now
-                elif event == "lock_acquired":
+                if event == "pause":
+                    paused_at, pause_kind = now, msg.get("kind", "")
+                elif event == "resume":
                     if paused_at is not None:
                         deadline += now - paused_at
                     paused_at = None
@@ -173,6 +176,9 @@ class WorkerProcess:
             if paused_at is None and now > deadline:
                 self.kill()
                 raise self._gone("timeout", f"no reply within {timeout:.0f} s", timeout_s=timeout)
+            if paused_at is not None and pause_kind == "import" and now - paused_at > self.cfg.startup_timeout_s:
+                self.kill()
+                raise self._gone("worker_error", "importing the compiler stack took longer than startup_timeout_s")
             if watch_memory and now >= next_mem:
                 next_mem = now + 0.25
                 rss = _rss_bytes(self.proc.pid)

@@ -9,8 +9,9 @@ keeps only a tail), so printing cannot corrupt the protocol.
 Requests: ``{"op": "eager", "source": ...}`` runs the eager checks and times the task;
 ``{"op": "compile", "source": ...}`` compiles it and compares and times the compiled model.
 Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "recycle": bool, ...}``;
-``{"event": "lock_wait"}`` / ``{"event": "lock_acquired"}`` tell the parent when the task is only
-waiting for the shared timing lock, which does not count against its timeout.
+``{"event": "pause", "kind": "lock" | "import"}`` and ``{"event": "resume"}`` bracket time the
+worker spends waiting for the shared timing lock or importing the compiler stack, which does not
+count against the task's timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ def _status_kb(field: str) -> int:
     return 0
 
 
+def _malloc_trim() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _watch_parent() -> None:
     """Exit when the parent goes away, even if task code is spinning in the main thread."""
     parent = os.getppid()
@@ -68,6 +78,10 @@ class MemoryProbe:
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
         else:
+            # Hand freed heap pages back to the kernel first: otherwise a task reuses memory the
+            # previous (larger) one left in malloc's free lists and its growth reads as zero.
+            gc.collect()
+            _malloc_trim()
             try:
                 with open("/proc/self/clear_refs", "w") as f:
                     f.write("5")
@@ -113,9 +127,9 @@ class Worker:
             key = "cpu"
         self.lock_file = lock_path(key, cfg.lock_dir) if cfg.serialize_timing else None
         self._lock_depth = 0
-        # Import the compiler stack now, once, rather than inside the first task's timeout.
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.compile_fx  # noqa: F401
+        if cfg.preload_compiler:  # once per worker, rather than inside the first task's timeout
+            import torch._dynamo  # noqa: F401
+            import torch._inductor.compile_fx  # noqa: F401
 
         if self.device == "cpu":
             self._limit_address_space()
@@ -140,8 +154,8 @@ class Worker:
             return
         with file_lock(
             self.lock_file,
-            on_wait=lambda: protocol.send(self.resp_fd, {"event": "lock_wait"}),
-            on_acquired=lambda: protocol.send(self.resp_fd, {"event": "lock_acquired"}),
+            on_wait=lambda: protocol.send(self.resp_fd, {"event": "pause", "kind": "lock"}),
+            on_acquired=lambda: protocol.send(self.resp_fd, {"event": "resume"}),
         ):
             self._lock_depth += 1
             try:
@@ -197,6 +211,12 @@ class Worker:
         from . import checks as C
 
         torch, dev, c = self.torch, self.device, self.cfg
+        if "torch._inductor.compile_fx" not in sys.modules:
+            protocol.send(self.resp_fd, {"event": "pause", "kind": "import"})
+            import torch._dynamo  # noqa: F401
+            import torch._inductor.compile_fx  # noqa: F401
+
+            protocol.send(self.resp_fd, {"event": "resume"})
         torch._dynamo.reset()
         mod = C.load_task(source)
         model = C.build_model(mod, dev)
@@ -291,9 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             msg = protocol.recv(args.req_fd)
         except protocol.ProtocolClosed:
-            return 0
+            msg = {"op": "exit"}
         if msg.get("op") == "exit":
-            return 0
+            # Skip interpreter teardown (torch/inductor atexit hooks take seconds); nothing of the
+            # worker's needs flushing.
+            os._exit(0)
         protocol.send(args.resp_fd, worker.handle(msg))
 
 
