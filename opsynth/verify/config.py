@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -92,8 +92,6 @@ class VerifyConfig:
     target_median_ms: float = 4.0
     target_p90_ms: float = 20.0
     band_margin: float = 1.5
-
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def limits(self, device: str) -> DeviceLimits:
         """The band and memory limits for ``device`` ("cpu" or "cuda")."""
