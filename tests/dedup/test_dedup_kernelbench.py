@@ -265,3 +265,16 @@ def test_equivalent_spellings_of_one_forward_compare_equal():
     # swapping the two operators is a different program
     swapped = head + "        return torch.relu(self.conv(x) + self.bias)\n"
     assert ast_similarity(sources[0], swapped) < 0.9
+
+
+@pytest.mark.parametrize("choice", ["default", "offline"])
+def test_hydra_group_composes_into_the_dataclass(choice, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    monkeypatch.setenv("OPSYNTH_KERNELBENCH", "/somewhere/kb.parquet")
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = compose(config_name=None, overrides=[f"+dedup={choice}"])
+    c = DedupConfig.from_any(cfg.dedup)
+    assert c.kb_threshold == 0.9 and c.op_sequence_action == "reject"
+    assert c.kb_path == (None if choice == "default" else "/somewhere/kb.parquet")
