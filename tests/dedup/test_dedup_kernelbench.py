@@ -278,3 +278,19 @@ def test_hydra_group_composes_into_the_dataclass(choice, monkeypatch):
     c = DedupConfig.from_any(cfg.dedup)
     assert c.kb_threshold == 0.9 and c.op_sequence_action == "reject"
     assert c.kb_path == (None if choice == "default" else "/somewhere/kb.parquet")
+
+
+def test_sampled_tasks_are_not_rejected_wholesale(index):
+    """The full distribution over 2,000 tasks is in benchmarks/results/dedup_throughput.json."""
+    try:
+        from opsynth.catalog import load_catalog
+        from opsynth.graph import Sampler, SamplerConfig
+        from opsynth.render import render_task
+    except ImportError as e:  # pragma: no cover - the sampler is part of the package
+        pytest.skip(f"sampler not importable: {e}")
+    sampler = Sampler(SamplerConfig(), load_catalog())
+    matches = [index.check(render_task(sampler.sample(seed).graph)) for seed in range(150)]
+    rejected = [m for m in matches if m.rejected]
+    assert len(rejected) <= 0.05 * len(matches), [(m.nearest, m.max_similarity) for m in rejected]
+    sims = sorted(m.max_similarity for m in matches)
+    assert 0.2 < sims[len(sims) // 2] < 0.8  # the median task shares some structure, not the program
