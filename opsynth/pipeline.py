@@ -15,10 +15,12 @@ similarity measure abstracts away, so checking the uncalibrated source gives the
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -51,7 +53,9 @@ class GenerateConfig:
     row_group_size: int = 1_000
     flush_every: int = 50  # commit shards and state at least every this many accepted rows
     max_in_flight: int = 0  # 0: 4 x the cluster's slots
-    max_candidates: int = 0  # stop after this many candidates even if n_tasks is not reached (0: 200 x n_tasks)
+    # Stop after this many candidates in all (resumed runs included, so a resumed run stops where an
+    # uninterrupted one would) even if n_tasks is not reached (0: 200 x n_tasks).
+    max_candidates: int = 0
     repo_id: str | None = None  # named in the dataset card's loading example
     progress: bool = True
     write_card: bool = True
@@ -78,39 +82,83 @@ def candidate_seed(seed: int, index: int) -> int:
 
 _CTX: dict[str, Any] = {}
 _CTX_LOCK = threading.Lock()
+_AST_LOCK = threading.RLock()
+
+
+def serialize_ast_parse() -> None:
+    """Make `ast.parse` one-at-a-time in this process (idempotent).
+
+    Candidates run in a Dask worker's threads, and each parses Python source (render, task_id, the
+    KernelBench check, the verifier's calibration). On CPython before 3.13, concurrent `ast.parse`
+    calls can fail with "SystemError: AST constructor recursion depth mismatch" when a garbage
+    collection switches threads mid-conversion (python/cpython#106905): a good candidate would
+    become a timing-dependent rejection, and a resumed run would no longer match an uninterrupted
+    one. Parsing a task takes milliseconds against seconds of verification, so the lock costs
+    nothing measurable."""
+    import ast
+
+    if sys.version_info >= (3, 13) or getattr(ast.parse, "_opsynth_serialized", False):
+        return
+    original = ast.parse
+
+    @functools.wraps(original)
+    def parse(*args, **kwargs):
+        with _AST_LOCK:
+            return original(*args, **kwargs)
+
+    parse._opsynth_serialized = True  # type: ignore[attr-defined]
+    ast.parse = parse
 
 
 def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool) -> dict:
-    key = json.dumps([sampler_cfg, verify_cfg, dedup_cfg, kb_check], sort_keys=True, default=str)
+    """The per-process sampler, verify pool and KernelBench index for these settings. Each part is
+    rebuilt only when its own settings change (a new verify pool costs a torch import per worker;
+    a new sampler or index costs milliseconds to seconds)."""
+    def key(*parts) -> str:
+        return json.dumps(parts, sort_keys=True, default=str)
+
+    serialize_ast_parse()
     with _CTX_LOCK:
-        if _CTX.get("key") == key:
-            return _CTX
-        if _CTX.get("pool") is not None:
-            _CTX["pool"].close()
-        from opsynth.catalog import load_catalog
-        from opsynth.dedup import KernelBenchIndex
-        from opsynth.graph import Sampler
-        from opsynth.verify import WorkerPool
+        if "catalog" not in _CTX:
+            from opsynth.catalog import load_catalog
 
-        vcfg = VerifyConfig(**verify_cfg)
-        gpu = _worker_gpu()
-        if gpu is not None and vcfg.cuda_devices is None:
-            vcfg.cuda_devices = [gpu]
-        if not vcfg.n_workers:
-            vcfg.n_workers = _worker_threads()
-        catalog = load_catalog()
-        _CTX.clear()
-        _CTX.update(
-            key=key,
-            catalog=catalog,
-            sampler=Sampler(SamplerConfig(**sampler_cfg), catalog),
-            pool=WorkerPool(vcfg).start(),
-            kb=KernelBenchIndex.from_config(dedup_cfg) if kb_check else None,
-        )
-        import atexit
+            _CTX["catalog"] = load_catalog()
+        if _CTX.get("sampler_key") != key(sampler_cfg):
+            from opsynth.graph import Sampler
 
-        atexit.register(_CTX["pool"].close)
+            _CTX.update(sampler=Sampler(SamplerConfig(**sampler_cfg), _CTX["catalog"]), sampler_key=key(sampler_cfg))
+        if _CTX.get("kb_key") != key(dedup_cfg, kb_check):
+            from opsynth.dedup import KernelBenchIndex
+
+            _CTX.update(kb=KernelBenchIndex.from_config(dedup_cfg) if kb_check else None, kb_key=key(dedup_cfg, kb_check))
+        if _CTX.get("pool_key") != key(verify_cfg):
+            from opsynth.verify import WorkerPool
+
+            if _CTX.get("pool") is not None:
+                _CTX["pool"].close()
+                _CTX["pool"] = None
+            vcfg = VerifyConfig(**verify_cfg)
+            gpu = _worker_gpu()
+            if gpu is not None and vcfg.cuda_devices is None:
+                vcfg.cuda_devices = [gpu]
+            if not vcfg.n_workers:
+                vcfg.n_workers = _worker_threads()
+            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg))
+            if not _CTX.get("atexit"):
+                import atexit
+
+                atexit.register(_close_context)
+                _CTX["atexit"] = True
         return _CTX
+
+
+def _close_context() -> None:
+    """Stop this process's verify pool (at exit, or from a test)."""
+    with _CTX_LOCK:
+        pool = _CTX.pop("pool", None)
+        _CTX.pop("pool_key", None)
+    if pool is not None:
+        pool.close()
 
 
 def _worker_gpu() -> int | None:
@@ -389,7 +437,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
 
     def top_up() -> None:
         nonlocal next_submit
-        while len(inflight) < target_in_flight() and next_submit < committer.next_index + max_candidates:
+        while len(inflight) < target_in_flight() and next_submit < max_candidates:
             i = next_submit
             f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
                               dedup_cfg, cfg.kb_check, key=f"candidate-{cfg.seed}-{i}", pure=False, **submit_kw)
@@ -430,8 +478,9 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
             if writer.num_rows < cfg.n_tasks:
                 top_up()
         if writer.num_rows < cfg.n_tasks:
-            log.warning("stopped after %d candidates with %d/%d rows (max_candidates reached)",
-                        committer.next_index - start_index, writer.num_rows, cfg.n_tasks)
+            log.warning("stopped after %d candidates (%d in this run) with %d/%d rows: max_candidates=%d reached",
+                        committer.next_index, committer.next_index - start_index, writer.num_rows, cfg.n_tasks,
+                        max_candidates)
     finally:
         progress.close()
         if inflight:

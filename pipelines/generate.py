@@ -7,6 +7,7 @@ DIR/report.json and DIR/plots/. Rerunning with the same output_dir resumes the r
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import sys
@@ -23,7 +24,13 @@ def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("distributed", "tornado", "asyncio"):  # the progress bar says what matters
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    summary = run(generate_config(cfg))
+    try:
+        gen_cfg = generate_config(cfg)
+        copy.deepcopy(gen_cfg).validate()  # on a copy: run() resolves sampler.scale=null by device first
+    except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
+        print(f"error: invalid configuration: {e}", file=sys.stderr)
+        sys.exit(2)
+    summary = run(gen_cfg)
     keep = ("n_tasks", "accepted", "num_rejected", "acceptance_rate", "candidates_per_minute", "wall_time_s",
             "device", "rejected")
     print(json.dumps({k: summary.get(k) for k in keep}, default=str))

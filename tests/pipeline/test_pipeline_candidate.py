@@ -1,0 +1,142 @@
+"""`process_candidate` on its own, without Dask: one candidate from seed to record. An accepted
+record carries a row that fits the shard schema; a rejected one carries a named reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from opsynth import pipeline
+from opsynth.dedup import DedupConfig
+from opsynth.graph import OpGraph, SamplerConfig
+from opsynth.render import parse_task, task_id
+from opsynth.shards import validate_row
+from opsynth.verify import REASONS, VerifyConfig
+
+SEED = pipeline.candidate_seed(0, 0)  # candidate 0 of seed 0: accepted in the small CPU setting
+
+
+@pytest.fixture(scope="module")
+def cfgs(kernelbench_parquet):
+    sampler = dataclasses.asdict(SamplerConfig(scale=0.1))
+    # One sandbox, a fast backend, no calibration and a wide band: acceptance does not hinge on timing.
+    verify = dataclasses.asdict(VerifyConfig(device="cpu", n_workers=1, compile_backend="eager", calibrate=False,
+                                             cpu_min_ms=0.0, cpu_max_ms=1e6))
+    dedup = dataclasses.asdict(DedupConfig(kb_path=str(kernelbench_parquet)))
+    yield sampler, verify, dedup
+    pipeline._close_context()
+
+
+@pytest.fixture(scope="module")
+def accepted(cfgs):
+    sampler, verify, dedup = cfgs
+    return pipeline.process_candidate(0, SEED, sampler, verify, dedup, True)
+
+
+def test_a_good_seed_gives_an_accepted_record_with_a_valid_row(accepted):
+    rec = accepted
+    assert rec["accepted"] is True and rec["reason"] is None, rec
+    assert (rec["index"], rec["seed"]) == (0, SEED)
+    row = rec["row"]
+    assert validate_row(row) == row  # every column present, typed as the schema says, in order
+    assert list(row)[:3] == ["code", "ops", "data_source"]
+    assert row["task_id"] == task_id(row["code"])
+    assert row["seed"] == SEED
+    assert row["ops"] == parse_task(row["code"]).ops
+    assert row["data_source"] == (f"torch#{row['num_ops']}" if row["data_source"].startswith("torch#")
+                                  else "transformers#1")
+    assert row["device"] == "cpu" and row["torch_version"]
+    assert row["eager_ms"] > 0 and row["compile_ms"] > 0
+    assert 0.0 <= row["kb_max_similarity"] <= 0.9 and row["kb_nearest"]
+    # A resumed run rebuilds its dedup state from the graph column: it must give the same signature.
+    assert rec["signature"] == OpGraph.from_json(row["graph"]).signature()
+
+
+def test_input_shapes_match_what_get_inputs_makes(accepted):
+    """input_shapes is read from the source without running it; running it (in a child) agrees."""
+    code = accepted["row"]["code"]
+    probe = ("import json, sys, torch\nns = {}\nexec(sys.stdin.read(), ns)\n"
+             "print(json.dumps([{'shape': list(t.shape), 'dtype': str(t.dtype).replace('torch.', '')}"
+             " for t in ns['get_inputs']()]))")
+    out = subprocess.run([sys.executable, "-c", probe], input=code, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(accepted["row"]["input_shapes"]) == json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_kernelbench_rejection_names_the_check_and_the_nearest_problem(cfgs):
+    sampler, verify, dedup = cfgs
+    strict = {**dedup, "kb_threshold": 0.0}  # everything is "too similar" to something
+    rec = pipeline.process_candidate(0, SEED, sampler, verify, strict, True)
+    assert rec["accepted"] is False and rec["row"] is None
+    assert rec["reason"] in ("kb_similarity", "kb_op_sequence")
+    assert rec["evidence"]["nearest"] and rec["evidence"]["similarity"] >= 0.0
+
+
+def test_a_sampling_failure_is_a_record_not_an_exception(cfgs):
+    sampler, verify, dedup = cfgs
+    rec = pipeline.process_candidate(5, 5, {**sampler, "max_attempts": 0}, verify, dedup, True)
+    assert (rec["accepted"], rec["reason"], rec["index"]) == (False, "sampling_failed", 5)
+    assert "attempts" in rec["evidence"]
+
+
+def test_kb_check_off_leaves_the_similarity_columns_null_and_the_task_unchanged(cfgs, accepted):
+    sampler, verify, dedup = cfgs
+    rec = pipeline.process_candidate(0, SEED, sampler, verify, dedup, False)
+    assert rec["accepted"], rec
+    # Same seed, same task: what a resumed run relies on.
+    assert rec["row"]["code"] == accepted["row"]["code"] and rec["signature"] == accepted["signature"]
+    row = validate_row(rec["row"])
+    assert row["kb_max_similarity"] is None and row["kb_nearest"] is None
+
+
+def test_a_verifier_rejection_is_a_record_with_a_named_reason(cfgs):
+    # Last in the module: new verify settings restart the sandbox pool.
+    sampler, verify, dedup = cfgs
+    impossible = {**verify, "cpu_min_ms": 1e9, "cpu_max_ms": 2e9}  # no task is this slow
+    rec = pipeline.process_candidate(0, SEED, sampler, impossible, dedup, True)
+    assert rec["accepted"] is False and rec["row"] is None
+    assert rec["reason"] == "too_fast" and rec["reason"] in REASONS
+    assert rec["evidence"]
+
+
+def test_ast_parse_is_safe_in_candidate_threads():
+    """Dask runs candidates in threads; CPython < 3.13 can raise SystemError from concurrent
+    ast.parse when a GC switches threads mid-conversion (python/cpython#106905). The pipeline
+    serialises ast.parse in its worker processes; this is the reproducer that fails without it."""
+    import ast
+
+    pipeline.serialize_ast_parse()
+    source = open(pipeline.__file__).read()
+    errors = []
+
+    class Cycle:
+        def __del__(self):
+            pass
+
+    def work():
+        for _ in range(40):
+            junk = [Cycle() for _ in range(100)]
+            for j in junk:
+                j.me = j  # garbage that only the cyclic GC frees, so collections run mid-parse
+            try:
+                ast.parse(source)
+            except SystemError as e:
+                errors.append(str(e))
+
+    old = gc.get_threshold()
+    gc.set_threshold(50, 5, 5)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.set_threshold(*old)
+    assert not errors, errors[:3]

@@ -1,0 +1,141 @@
+"""The driver loop of `opsynth.pipeline.run` against an in-process Dask cluster, with candidate
+processing replaced by a stand-in that finishes in *reverse* order: rows are still committed in
+candidate order, the run stops at n_tasks or max_candidates, and a resumed run continues exactly
+where the first one stopped. (The real candidate path is covered by test_pipeline_candidate.py and,
+end to end, by test_pipeline_e2e.py and test_pipeline_resume.py.)"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from opsynth import pipeline
+from opsynth.cluster import ClusterHandle
+from opsynth.dedup import DedupConfig, NearDupIndex
+from opsynth.graph import Sampler, SamplerConfig
+from opsynth.render import render_task, task_id
+from opsynth.shards import read_rows
+
+N_CANDIDATES = 40
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    """Real sampled and rendered tasks (no verification) for candidates 0..N-1 of seed 0."""
+    from opsynth.catalog import load_catalog
+
+    catalog = load_catalog()
+    sampler = Sampler(SamplerConfig(scale=0.1), catalog)
+    out = {}
+    for i in range(N_CANDIDATES):
+        st = sampler.sample(pipeline.candidate_seed(0, i))
+        code = render_task(st.graph, catalog)
+        out[i] = {"st": st, "code": code, "task_id": task_id(code), "signature": st.graph.signature(),
+                  "ops": st.graph.ops(), "graph": st.graph.to_json()}
+    return out
+
+
+def _accepts(i: int) -> bool:
+    return i % 3 != 1  # a fixed pattern of rejections, so commit order is visible in the rows
+
+
+@pytest.fixture
+def fake(monkeypatch, tasks, tmp_path):
+    """Stand-in for process_candidate: later candidates finish first; `fake.accept` decides by index;
+    `fake.calls()` lists the candidates processed. (Dask pickles the function even in-process, so
+    calls are recorded in a file, not in a list.)"""
+    log = tmp_path / "calls.txt"
+    fake = SimpleNamespace(accept=_accepts, calls=lambda: [int(x) for x in log.read_text().split()] if log.exists() else [])
+
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):
+        with open(log, "a") as f:
+            f.write(f"{index}\n")
+        time.sleep(max(0.0, 0.2 - 0.02 * (index % 10)))
+        t = tasks[index]  # everything precomputed: the stand-in does no parsing of its own
+        rec = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
+               "signature": t["signature"], "evidence": None}
+        if not fake.accept(index):
+            rec.update(reason="too_fast", evidence={"eager_ms": 0.01})
+            return rec
+        rec["accepted"] = True
+        rec["row"] = {"code": t["code"], "ops": t["ops"], "data_source": t["st"].data_source,
+                      "task_id": t["task_id"], "num_ops": t["st"].num_ops, "graph": t["graph"],
+                      "input_shapes": "[]", "eager_ms": 1.0,
+                      "compile_ms": 1.0, "device": "cpu", "torch_version": "test", "kb_max_similarity": None,
+                      "kb_nearest": None, "seed": seed}
+        return rec
+
+    def start_cluster(cfg):
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(n_workers=1, threads_per_worker=4, processes=False, dashboard_address=None)
+        return ClusterHandle(Client(cluster), cluster, "local", 4, False)
+
+    monkeypatch.setattr(pipeline, "process_candidate", process)
+    monkeypatch.setattr(pipeline, "start_cluster", start_cluster)
+    return fake
+
+
+def _cfg(out, n_tasks, **kw):
+    cfg = pipeline.GenerateConfig(n_tasks=n_tasks, output_dir=str(out), kb_check=False, progress=False,
+                                  write_card=False, flush_every=1, **kw)
+    cfg.sampler.scale = 0.1
+    return cfg
+
+
+def _expected(tasks, n_tasks) -> tuple[list[str], int]:
+    """What an uninterrupted run must write: accepted candidates in index order, minus within-run
+    duplicates (the same index the committer uses), up to n_tasks; and the next candidate index."""
+    rows, neardup = [], NearDupIndex.from_config(DedupConfig())
+    for i in range(N_CANDIDATES):
+        code, sig = tasks[i]["code"], tasks[i]["st"].graph.signature()
+        if _accepts(i) and neardup.add(task_id(code), code, signature=sig) is None:
+            rows.append(task_id(code))
+            if len(rows) == n_tasks:
+                return rows, i + 1
+    raise AssertionError("not enough candidates")
+
+
+def _run_with_deadline(cfg, seconds=120):
+    box = {}
+    t = threading.Thread(target=lambda: box.update(summary=pipeline.run(cfg)), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"run() did not return within {seconds} s"
+    return box["summary"]
+
+
+def test_rows_are_committed_in_candidate_order(tmp_path, tasks, fake):
+    summary = _run_with_deadline(_cfg(tmp_path / "ds", 8))
+    rows, next_index = _expected(tasks, 8)
+    assert [r["task_id"] for r in read_rows(tmp_path / "ds", columns=["task_id"])] == rows
+    assert summary["accepted"] == 8 and summary["candidates"] == next_index
+    assert summary["rejected"].get("too_fast") == sum(1 for i in range(next_index) if not _accepts(i))
+    state = json.loads((tmp_path / "ds" / "state.json").read_text())
+    # one past the candidate that brought the 8th row: nothing after it was committed
+    assert state["finished"] is True and state["next_index"] == next_index
+
+
+def test_a_resumed_run_continues_where_the_first_stopped(tmp_path, tasks, fake):
+    out = tmp_path / "ds"
+    _run_with_deadline(_cfg(out, 4))
+    rows4, next4 = _expected(tasks, 4)
+    assert [r["task_id"] for r in read_rows(out, columns=["task_id"])] == rows4
+    first_calls = len(fake.calls())
+    summary = _run_with_deadline(_cfg(out, 9))
+    rows9, next9 = _expected(tasks, 9)
+    assert [r["task_id"] for r in read_rows(out, columns=["task_id"])] == rows9
+    assert min(fake.calls()[first_calls:]) == next4, "the rerun starts at the first uncommitted candidate"
+    assert summary["accepted"] == 9 and summary["candidates"] == next9
+
+
+def test_the_run_stops_at_max_candidates_when_nothing_is_accepted(tmp_path, fake):
+    fake.accept = lambda i: False
+    summary = _run_with_deadline(_cfg(tmp_path / "ds", 3, max_candidates=5), seconds=60)
+    assert summary["accepted"] == 0 and summary["rejected"] == {"too_fast": 5}
+    assert max(fake.calls()) == 4, "no candidate past max_candidates may be submitted"
+    assert json.loads((tmp_path / "ds" / "state.json").read_text())["next_index"] == 5
