@@ -16,6 +16,8 @@ Two runs, both through `opsynth.rl.trainer.train` (TRL's GRPOTrainer, reward = t
 Writes under --out (default benchmarks/results/train_h200/): `metrics.jsonl` (per-step rows of
 both runs, tagged with `run`), `summary.json`, and each run's own folder (metrics.png included).
 Imports only what TRL needs (torch, transformers, accelerate, datasets, trl, pyarrow, matplotlib).
+On a bare H200 image, carry wheels for trl, datasets and their pure-Python deps that the image
+lacks: pandas (+ python-dateutil), dill, multiprocess, xxhash, fsspec.
 """
 
 from __future__ import annotations
