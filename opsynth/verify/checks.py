@@ -176,29 +176,42 @@ def check_not_constant(tensors: list[torch.Tensor]) -> None:
     raise Reject("constant_output", f"every output element equals {sized[0].reshape(-1)[0].item()!r}")
 
 
+_CHUNK = 1 << 24  # elements per comparison slice: temporaries stay small next to the outputs
+
+
+def _slices(x: torch.Tensor, y: torch.Tensor):
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    if xf.dtype != yf.dtype or not (xf.is_floating_point() or xf.is_complex()):
+        kind = torch.float64 if not (xf.is_complex() or yf.is_complex()) else torch.complex128
+        for i in range(0, xf.numel(), _CHUNK):
+            yield xf[i : i + _CHUNK].to(kind), yf[i : i + _CHUNK].to(kind)
+    else:
+        for i in range(0, xf.numel(), _CHUNK):
+            yield xf[i : i + _CHUNK], yf[i : i + _CHUNK]
+
+
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """Largest absolute difference (inf for a shape mismatch, nan where NaNs disagree)."""
     worst = 0.0
     for x, y in zip(a, b):
         if x.shape != y.shape:
             return float("inf")
-        if x.numel():
-            d = (x.double() - y.double()).abs().max().item() if x.is_floating_point() or y.is_floating_point() \
-                else (x.long() - y.long()).abs().max().item()
-            worst = max(worst, float(d))
+        for xs, ys in _slices(x, y):
+            worst = max(worst, float((xs - ys).abs().max().item()))
     return worst
 
 
 def close(a: list[torch.Tensor], b: list[torch.Tensor], atol: float, rtol: float) -> bool:
-    """Same structure, shapes and values within atol + rtol*|b| (NaN only equal to NaN)."""
+    """Same structure, shapes and values within atol + rtol*|b| (NaN only equal to NaN),
+    compared slice by slice so a 10 GB output does not need 30 GB of temporaries."""
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
         if x.shape != y.shape:
             return False
-        if x.dtype != y.dtype:
-            x, y = x.double(), y.double()
-        if not torch.allclose(x, y, atol=atol, rtol=rtol, equal_nan=True):
-            return False
+        for xs, ys in _slices(x, y):
+            if not torch.allclose(xs, ys, atol=atol, rtol=rtol, equal_nan=True):
+                return False
     return True
 
 
