@@ -139,7 +139,7 @@ def measure(job) -> dict:
     from opsynth.rl import candidate_runner, timing
 
     snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner])
-    data = torch.load(job["data_path"], weights_only=True)
+    init_inputs = torch.load(job["init_path"], weights_only=True)
     base_threads = {t.ident for t in threading.enumerate()}
     _save = torch.save
     _clone = torch.Tensor.clone
@@ -165,7 +165,7 @@ def measure(job) -> dict:
         try:
             torch.manual_seed(int(job["init_seed"]))
             with torch.device(device):
-                model = ModelNew(*data["init_inputs"])
+                model = ModelNew(*init_inputs)
             model = model.to(device).eval()
         except Reject:
             raise
@@ -176,6 +176,14 @@ def measure(job) -> dict:
         for sub in model.modules():
             if type(sub).__name__ == "Model":
                 raise Reject("uses_model", "ModelNew holds a Model instance")
+        threads = guards.new_python_threads(base_threads)
+        if threads:
+            raise Reject("side_stream", f"thread(s) {threads} started by the candidate's import or __init__")
+        check_harness("ModelNew init")
+        # Weights and inputs arrive only now, on stdin: nothing the candidate ran so far could see them.
+        import io
+
+        data = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
         own = model.state_dict()
         matched = {k: v for k, v in data["state_dict"].items() if k in own and tuple(own[k].shape) == tuple(v.shape)}
         model.load_state_dict(matched, strict=False)
@@ -266,8 +274,11 @@ def measure(job) -> dict:
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     guarded(*buffers)
                     _sync()
-                names = [e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-                kernels = sorted({n for n in names if not any(p in n for p in CUDA_LIBRARY_KERNELS)})
+                dev_events = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+                kernels = sorted({e.name for e in dev_events if not any(p in e.name for p in CUDA_LIBRARY_KERNELS)})
+                streams = {getattr(e, "device_resource_id", None) for e in dev_events if "Memcpy" not in e.name and "Memset" not in e.name}
+                if len(streams) > 1:
+                    raise Reject("side_stream", f"forward's kernels ran on {len(streams)} CUDA streams (only the current one is timed)")
                 launched = bool(kernels)
                 print(f"[candidate] own kernels seen by the profiler: {kernels[:8]}", flush=True)
             if not launched:

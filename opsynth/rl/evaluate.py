@@ -41,6 +41,7 @@ class _Reference:
     scratch: Path | None = None
     job: dict | None = None
     outputs: dict | None = None  # {"trials": [[tensor,...],...], "second": [[...]] or None}
+    data: bytes | None = None  # weights and inputs (torch.save bytes), handed to candidates on stdin
     eager_ms: float | None = None
     compile_ms: float | None = None
 
@@ -71,6 +72,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         "cpu_threads": cfg.cpu_threads,
         "memory_limit_gb": cfg.memory_limit_gb,
         "data_path": str(scratch / "data.pt"),
+        "init_path": str(scratch / "init.pt"),
         "ref_outputs_path": str(scratch / "ref_outputs.pt"),
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": str(cfg.resolved_cache_dir() / "device.lock"),
@@ -83,6 +85,11 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
     out_path = Path(job["ref_outputs_path"])
     outputs = torch.load(out_path, weights_only=True)
     out_path.unlink()  # the candidate must never find the answers on disk
+    # Nor the inputs and weights: a module could read them at import time (when torch compute is
+    # still allowed) and precompute outputs. They reach the candidate child on stdin, after __init__.
+    data_path = Path(job["data_path"])
+    data = data_path.read_bytes()
+    data_path.unlink()
     eager_ms, compile_ms = res.data.get("eager_ms"), res.data.get("compile_ms")
     if cached is not None:
         eager_ms, compile_ms = cached["eager_ms"], cached["compile_ms"]
@@ -90,7 +97,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms)
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
-    return _Reference(True, "ok", res.log, scratch, job, outputs, eager_ms, compile_ms)
+    return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms)
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -114,7 +121,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
     if ref is not None and ref.job is not None:
         job.update(
             {
-                "data_path": ref.job["data_path"],
+                "init_path": ref.job["init_path"],
                 "output_meta": ref.job["output_meta"],
                 "has_second": ref.job["has_second"],
                 "init_seed": ref.job["init_seed"],
@@ -141,7 +148,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     # The first run of a fresh build compiles inside this child too, so allow for it.
-    res = run_child("opsynth.rl.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg)
+    res = run_child("opsynth.rl.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, stdin_bytes=ref.data)
     log = (build_log + "\n" + res.log).strip()
     if res.reason != "ok":
         return EvalResult.rejected(res.reason, log, times, device)

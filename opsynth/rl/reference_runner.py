@@ -77,9 +77,9 @@ def _run(job: dict) -> dict:
                 second_outputs = _to_cpu(as_output_list(model(*inputs)))
 
     meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
+    torch.save(init_inputs, job["init_path"])
     torch.save(
         {
-            "init_inputs": init_inputs,
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "trials": trials,
             "second": second_inputs,

@@ -48,8 +48,23 @@ def child_env(cache_dir: Path, cpu_threads: int | None) -> dict:
     return env
 
 
-def run_child(module: str, job: dict, scratch: Path, timeout_s: float, cfg) -> ChildResult:
-    """Run `python -m module job.json` in scratch; kill its whole process group on timeout."""
+def _feed(proc, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the child died or stopped reading; its verdict says why
+    finally:
+        try:
+            proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+
+def run_child(module: str, job: dict, scratch: Path, timeout_s: float, cfg, stdin_bytes: bytes | None = None) -> ChildResult:
+    """Run `python -m module job.json` in scratch; kill its whole process group on timeout.
+
+    stdin_bytes, when given, is streamed to the child's stdin (read by it when it is ready).
+    """
     scratch = Path(scratch)
     job = dict(job, timeout_s=timeout_s)
     job_path = scratch / f"job_{module.rsplit('.', 1)[-1]}_{job.get('mode', 'run')}.json"
@@ -64,12 +79,18 @@ def run_child(module: str, job: dict, scratch: Path, timeout_s: float, cfg) -> C
         proc = subprocess.Popen(
             [sys.executable, "-m", module, str(job_path)],
             cwd=scratch,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin_bytes is not None else subprocess.DEVNULL,
             stdout=log_f,
             stderr=subprocess.STDOUT,
             env=child_env(cache_dir, cfg.cpu_threads),
             start_new_session=True,  # its own process group, so a timeout kills builds it spawned too
         )
+        feeder = None
+        if stdin_bytes is not None:
+            import threading
+
+            feeder = threading.Thread(target=_feed, args=(proc, stdin_bytes), daemon=True)
+            feeder.start()
         timed_out = False
         try:
             rc = proc.wait(timeout=timeout_s)
@@ -80,6 +101,8 @@ def run_child(module: str, job: dict, scratch: Path, timeout_s: float, cfg) -> C
             except ProcessLookupError:
                 pass
             rc = proc.wait()
+        if feeder is not None:
+            feeder.join(timeout=5)
     wall = time.perf_counter() - t0
     log = log_path.read_text(errors="replace")[-LOG_LIMIT:]
     if timed_out:

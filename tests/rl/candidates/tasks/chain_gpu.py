@@ -21,8 +21,8 @@ class Model(nn.Module):
         return x
 
 
-batch_size = 512
-dim = 32768
+batch_size = 1024
+dim = 65536
 
 
 def get_inputs():
