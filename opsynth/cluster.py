@@ -79,7 +79,7 @@ def start_cluster(cfg: ClusterConfig) -> ClusterHandle:
         threads = cfg.threads_per_worker or max(1, cores // n)
         cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=True,
                                memory_limit=cfg.memory_limit, dashboard_address=dash,
-                               silence_logs=logging.WARNING)
+                               silence_logs=logging.ERROR)
         return ClusterHandle(Client(cluster), cluster, cfg.kind, n * threads, False)
     if cfg.kind == "local_cuda":
         gpus = visible_gpus()
@@ -88,7 +88,7 @@ def start_cluster(cfg: ClusterConfig) -> ClusterHandle:
         threads = cfg.threads_per_worker or 8
         cluster = LocalCluster(n_workers=gpus, threads_per_worker=threads, processes=True,
                                memory_limit=cfg.memory_limit, dashboard_address=dash,
-                               resources={"GPU": threads}, silence_logs=logging.WARNING)
+                               resources={"GPU": threads}, silence_logs=logging.ERROR)
         return ClusterHandle(Client(cluster), cluster, cfg.kind, gpus * threads, True)
     if cfg.kind == "slurm":
         try:

@@ -5,8 +5,8 @@ Candidates are numbered; candidate i is sampled from seed `seed * 1_000_000_007 
 finish in any order, but the driver *commits* results strictly in candidate order, so which tasks
 are accepted (and in what row order) depends only on the seed and the config, never on timing of
 the scheduler. That is what makes a killed run resumable to exactly the rows of an uninterrupted
-one: `state.json` records the next candidate to commit whenever the shards are flushed, and a rerun
-starts there, with the within-run dedup state rebuilt from the rows already written.
+one: `.opsynth-state.json` records the next candidate to commit whenever the shards are flushed,
+and a rerun starts there, with the within-run dedup state rebuilt from the rows already written.
 
 The KernelBench check runs on the worker *before* verification: it costs milliseconds against
 seconds of eager and compiled runs, and calibration only rescales `batch_size`, which the
@@ -34,7 +34,9 @@ from opsynth.verify import VerifyConfig
 
 log = logging.getLogger("opsynth.pipeline")
 
-STATE_FILE = "state.json"
+# Hidden, and not "state.json": `datasets.load_dataset(folder)` refuses a folder holding a
+# state.json (it takes it for a `save_to_disk` folder). The push uploads only data and card.
+STATE_FILE = ".opsynth-state.json"
 SEED_STRIDE = 1_000_000_007
 CPU_SCALE = 0.1  # sampler size scale when verifying on CPU and sampler.scale is null
 
@@ -343,13 +345,34 @@ class _Committer:
         self.stats.device = row["device"] or self.stats.device
 
 
+def _describe_run(stats, cfg: GenerateConfig) -> None:
+    """Record the settings of this run in its stats (the card and report print them)."""
+    from opsynth.shards.stats import default_versions
+
+    stats.n_tasks = cfg.n_tasks
+    stats.seed = cfg.seed
+    stats.cluster = cfg.cluster.kind
+    stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
+                            for k, v in cfg.sampler.mixture.items()}
+    stats.thresholds = {
+        "eager_ms_min": cfg.verify.min_ms, "eager_ms_max": cfg.verify.max_ms,
+        "cpu_eager_ms_min": cfg.verify.cpu_min_ms, "cpu_eager_ms_max": cfg.verify.cpu_max_ms,
+        "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
+        "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
+        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": cfg.verify.mem_cap_gb,
+        "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
+    }
+    stats.versions = {**default_versions(), **stats.versions}
+    stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": _plain(cfg.sampler),
+                    "verify": _plain(cfg.verify), "dedup": _plain(cfg.dedup), "cluster": cfg.cluster.kind}
+
+
 def run(cfg: GenerateConfig) -> dict:
     """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary."""
     from distributed import as_completed
 
     from opsynth.catalog import load_catalog
     from opsynth.shards import RunProgress, RunStats, ShardWriter
-    from opsynth.shards.stats import default_versions
 
     if cfg.sampler.scale is None:
         from opsynth.cluster import visible_gpus
@@ -370,30 +393,17 @@ def run(cfg: GenerateConfig) -> dict:
     try:
         stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
         prior_wall = stats.wall_time_s
-        stats.n_tasks = cfg.n_tasks
-        stats.seed = cfg.seed
-        stats.cluster = cfg.cluster.kind
-        stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
-                                for k, v in cfg.sampler.mixture.items()}
-        stats.thresholds = {
-            "eager_ms_min": cfg.verify.min_ms, "eager_ms_max": cfg.verify.max_ms,
-            "cpu_eager_ms_min": cfg.verify.cpu_min_ms, "cpu_eager_ms_max": cfg.verify.cpu_max_ms,
-            "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
-            "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
-            "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": cfg.verify.mem_cap_gb,
-            "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
-        }
-        stats.versions = {**default_versions(), **stats.versions}
-        stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": _plain(cfg.sampler),
-                        "verify": _plain(cfg.verify), "dedup": _plain(cfg.dedup), "cluster": cfg.cluster.kind}
+        complete = writer.num_rows >= cfg.n_tasks
+        if not (complete and "stats" in state):  # a finished run's record stays as it was made
+            _describe_run(stats, cfg)
         if "stats" not in state:  # shards without a state file: count them as resumed rows
             stats.resumed_rows = writer.num_rows
         committer = _Committer(cfg, writer, stats, state)
-        if writer.num_rows >= cfg.n_tasks:
+        if complete:
             log.info("%s already holds %d rows (n_tasks=%d): nothing to generate", out, writer.num_rows, cfg.n_tasks)
         else:
             _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress)
-        stats.wall_time_s = prior_wall + (time.monotonic() - t_start)
+            stats.wall_time_s = prior_wall + (time.monotonic() - t_start)  # a no-op rerun adds no time
         for op in list(stats.categories):
             stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
         files = writer.finalize()

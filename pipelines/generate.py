@@ -22,6 +22,8 @@ from opsynth.pipeline import run
 @hydra.main(config_path="../conf", config_name="generate", version_base=None)
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import distributed  # noqa: F401  (sets its loggers' levels on import: import first, then quiet them)
+
     for noisy in ("distributed", "tornado", "asyncio"):  # the progress bar says what matters
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:

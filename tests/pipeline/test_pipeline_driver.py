@@ -115,7 +115,7 @@ def test_rows_are_committed_in_candidate_order(tmp_path, tasks, fake):
     assert [r["task_id"] for r in read_rows(tmp_path / "ds", columns=["task_id"])] == rows
     assert summary["accepted"] == 8 and summary["candidates"] == next_index
     assert summary["rejected"].get("too_fast") == sum(1 for i in range(next_index) if not _accepts(i))
-    state = json.loads((tmp_path / "ds" / "state.json").read_text())
+    state = json.loads((tmp_path / "ds" / pipeline.STATE_FILE).read_text())
     # one past the candidate that brought the 8th row: nothing after it was committed
     assert state["finished"] is True and state["next_index"] == next_index
 
@@ -138,4 +138,4 @@ def test_the_run_stops_at_max_candidates_when_nothing_is_accepted(tmp_path, fake
     summary = _run_with_deadline(_cfg(tmp_path / "ds", 3, max_candidates=5), seconds=60)
     assert summary["accepted"] == 0 and summary["rejected"] == {"too_fast": 5}
     assert max(fake.calls()) == 4, "no candidate past max_candidates may be submitted"
-    assert json.loads((tmp_path / "ds" / "state.json").read_text())["next_index"] == 5
+    assert json.loads((tmp_path / "ds" / pipeline.STATE_FILE).read_text())["next_index"] == 5
