@@ -404,6 +404,12 @@ class WorkerPool:
                 result = self._result(gone.reason, getattr(gone, "source", source), t0,
                                       calib_steps=getattr(gone, "calib_steps", 0), evidence=evidence)
                 break
+            except Exception as exc:  # noqa: BLE001 - a verifier bug must not take the pipeline down
+                import traceback
+
+                result = self._result("worker_error", source, t0, evidence={
+                    "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]})
+                break
         w = self._slots[index]
         if w is not None:
             w.tasks_done += 1
