@@ -318,7 +318,9 @@ class _Committer:
     def commit(self, rec: dict) -> None:
         row = rec.get("row")
         if rec["accepted"] and row["task_id"] in self.writer:
-            self.stats.accept()  # written before a crash that came ahead of the state save
+            # Written before a crash that came ahead of the state save (a full shard is written
+            # as soon as it fills): count it as the uninterrupted run did, but do not write it again.
+            self._count_accepted(rec, row)
             return
         reason = rec.get("reason")
         if rec["accepted"]:
@@ -335,6 +337,9 @@ class _Committer:
                                       "evidence": rec.get("evidence")})
             return
         self.writer.write(row)
+        self._count_accepted(rec, row)
+
+    def _count_accepted(self, rec: dict, row: dict) -> None:
         self.stats.accept()
         for op in row["ops"]:
             self.stats.categories.setdefault(op, "")
