@@ -7,6 +7,7 @@ end to end, by test_pipeline_e2e.py and test_pipeline_resume.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -158,3 +159,21 @@ def test_rows_on_disk_ahead_of_the_state_are_neither_rewritten_nor_miscounted(tm
     assert read_rows(crashed, columns=["task_id"]) == read_rows(ref, columns=["task_id"])
     for key in ("accepted", "rejected", "candidates", "categories", "resumed_rows"):
         assert got[key] == want[key], key
+
+
+def test_a_candidate_that_kills_its_dask_worker_twice_is_rejected_and_the_run_goes_on(tmp_path, monkeypatch):
+    """Real worker processes (cluster=local). The sandbox normally absorbs crashes; should a
+    candidate take its Dask worker down anyway, Dask retries it once on a restarted worker and the
+    second death is a rejection with reason killed_worker, not a failed run."""
+
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):  # nested: pickled by value
+        if index == 1:
+            os._exit(1)
+        return {"index": index, "seed": seed, "accepted": False, "reason": "too_fast", "row": None,
+                "signature": None, "evidence": None}
+
+    monkeypatch.setattr(pipeline, "process_candidate", process)
+    cfg = _cfg(tmp_path / "ds", 1, max_candidates=3)
+    cfg.cluster.n_workers, cfg.cluster.threads_per_worker = 1, 1  # one candidate at a time: only 1 dies
+    summary = _run_with_deadline(cfg, seconds=180)
+    assert summary["rejected"] == {"too_fast": 2, "killed_worker": 1}
