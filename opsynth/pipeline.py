@@ -412,19 +412,22 @@ def run(cfg: GenerateConfig) -> dict:
         for op in list(stats.categories):
             stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
         files = writer.finalize()
+        total_rows = writer.num_rows
         _save_state(out, {"next_index": committer.next_index, "stats": stats.to_dict(),
                           "examples": committer.examples, "finished": True})
     finally:
         writer.close()
     summary = stats.to_dict()
     summary["files"] = [str(f) for f in files]
+    summary["rows"] = total_rows  # in the folder, earlier runs included; < n_tasks when max_candidates stopped it
     summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
                                    if committer.calib_steps else None)
     if cfg.write_card:
         from opsynth.shards import read_rows, write_card, write_report
 
         write_report(out, stats, rows=read_rows(out), rejections=committer.examples)
-        write_card(out, stats, repo_id=cfg.repo_id)
+        if total_rows:  # a dataset card describes data; with no rows the report says why
+            write_card(out, stats, repo_id=cfg.repo_id)
     return summary
 
 

@@ -37,6 +37,10 @@ def main(cfg: DictConfig) -> None:
             "device", "rejected")
     print(json.dumps({k: summary.get(k) for k in keep}, default=str))
     print(f"wrote {len(summary['files'])} shard(s) to {cfg.output_dir}", file=sys.stderr)
+    if summary["rows"] < gen_cfg.n_tasks:  # scripts chaining generate && push must see the shortfall
+        print(f"error: only {summary['rows']} of n_tasks={gen_cfg.n_tasks} rows after max_candidates "
+              f"candidates; raise max_candidates or look at the rejection reasons in report.json", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

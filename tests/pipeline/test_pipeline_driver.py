@@ -138,6 +138,7 @@ def test_the_run_stops_at_max_candidates_when_nothing_is_accepted(tmp_path, fake
     fake.accept = lambda i: False
     summary = _run_with_deadline(_cfg(tmp_path / "ds", 3, max_candidates=5), seconds=60)
     assert summary["accepted"] == 0 and summary["rejected"] == {"too_fast": 5}
+    assert summary["rows"] == 0  # the CLI turns this shortfall into exit code 3
     assert max(fake.calls()) == 4, "no candidate past max_candidates may be submitted"
     assert json.loads((tmp_path / "ds" / pipeline.STATE_FILE).read_text())["next_index"] == 5
 
