@@ -9,6 +9,7 @@ also gives their parameter names). Exclusions are by family or by name pattern, 
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 import random
 import re
 import warnings
@@ -282,7 +283,7 @@ def finalize(spec: OpSpec, excluded: dict, activations: set[str]) -> OpSpec | No
     try:
         ranks = _probe_ranks(spec, _probe_operand)
         if not ranks and spec.pattern == "binary":
-            spec = _replace(spec, pattern="matmul")
+            spec = replace(spec, pattern="matmul")
             ranks = _probe_ranks(spec, _probe_operand)
     except NoRule as e:
         excluded[spec.name] = f"no value rule for required parameter {e.args[0]!r}"
@@ -295,7 +296,7 @@ def finalize(spec: OpSpec, excluded: dict, activations: set[str]) -> OpSpec | No
             return None
         excluded[spec.name] = "fails on every probed input rank (meta tensors)"
         return None
-    spec = _replace(spec, ranks=tuple(ranks))
+    spec = replace(spec, ranks=tuple(ranks))
     try:
         if spec.category == "stochastic" or is_stochastic(spec, ranks[0]):
             excluded[spec.name] = "stochastic: output changes with the RNG state"
@@ -305,14 +306,10 @@ def finalize(spec: OpSpec, excluded: dict, activations: set[str]) -> OpSpec | No
         return None
     if spec.kind == "function":
         try:
-            spec = _replace(spec, category=_classify_function(spec.name, spec, ranks[0], activations))
+            spec = replace(spec, category=_classify_function(spec.name, spec, ranks[0], activations))
         except Exception as e:
             excluded[spec.name] = f"could not classify: {type(e).__name__}"
             return None
     return spec
 
 
-def _replace(spec: OpSpec, **kw) -> OpSpec:
-    from dataclasses import replace
-
-    return replace(spec, **kw)

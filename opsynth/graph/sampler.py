@@ -179,7 +179,7 @@ class Sampler:
         except NoRule as e:
             raise Resample(f"no_value_rule:{e.args[0]}") from None
 
-    def _operand(self, rng, spec: OpSpec, g: OpGraph, cur: str, shape, names_used) -> dict | None:
+    def _operand(self, rng, spec: OpSpec, g: OpGraph, cur: str, shape) -> dict | None:
         if spec.pattern == "matmul":
             return {"kind": "weight", "shape": [shape[-1], self._size(rng, [256, 512, 1024], 8)]}
         if spec.pattern == "loss":
@@ -260,7 +260,7 @@ class Sampler:
                     raise Resample("no_operator_accepts_rank")
                 spec = self._pick(rng, cands)
                 params, derived = self._params(rng, spec, shape)
-            operand = self._operand(rng, spec, g, cur, shape, None)
+            operand = self._operand(rng, spec, g, cur, shape)
             out_shape = self._propagate(spec, shape, dtype, params, operand)
             if operand and operand["kind"] == "input":
                 operand = {"kind": "node", "node": g.add_input(operand["shape"], role="x",
