@@ -4,7 +4,7 @@
 # Parquet for dedup=offline) to the device. Seen to install and import there on 2026-11-30.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p .whl .kb
+mkdir -p .whl .kb .git/info && touch .git/info/exclude
 grep -qx "/.whl/" .git/info/exclude || echo "/.whl/" >> .git/info/exclude
 grep -qx "/.kb/" .git/info/exclude || echo "/.kb/" >> .git/info/exclude
 cp "${OPSYNTH_KERNELBENCH:-../shared/kernelbench/kernelbench.parquet}" .kb/kernelbench.parquet

@@ -286,7 +286,7 @@ def main() -> None:
         from opsynth.rl.evaluate import _prepare_reference, _cleanup
 
         ref = _prepare_reference(src, cfg, device)
-        print(f"[warm-up] {name}: ok={ref.ok} eager={ref.eager_ms} compile={ref.compile_ms}", flush=True)
+        print(f"[warm-up {time.perf_counter() - t0:.0f} s] {name}: ok={ref.ok} eager={ref.eager_ms} compile={ref.compile_ms}", flush=True)
         _cleanup(ref.scratch, cfg)
     warmup_s = time.perf_counter() - t0
 
@@ -294,6 +294,7 @@ def main() -> None:
     t0 = time.perf_counter()
     results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg)
     overlapped_s = time.perf_counter() - t0
+    print(f"[overlapped] {len(results)} in {overlapped_s:.0f} s: {collections.Counter(r.reason for r in results)}", flush=True)
 
     base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 500)
     t0 = time.perf_counter()
