@@ -11,7 +11,7 @@ STAGE=${1:-all}   # all | reward | train (two calls leave room to fix the second
 if [ "$STAGE" != train ]; then
 # 1. reward environment on CUDA: adversarial and good candidates (side_stream fix 5b15fdd unverified)
 # (-s shows each candidate's verdict as the module fixture computes them; all share one nvcc build)
-timeout 200 python3 -m pytest -s -v -m gpu tests/rl/test_reward_gpu.py -p no:cacheprovider --timeout 190 --durations=3 2>&1 > "$OUT/gpu_tests.log"
+timeout 200 python3 -m pytest -s -v -m gpu tests/rl/test_reward_gpu.py -p no:cacheprovider --timeout 190 --durations=3 > "$OUT/gpu_tests.log" 2>&1
 tail -14 "$OUT/gpu_tests.log"
 # 2. reward evaluations per minute, overlapped vs one at a time
 timeout 330 python3 benchmarks/reward_throughput.py --count 16 --baseline-count 2 --out "$OUT/reward_throughput.json" 2>&1 | tail -20
