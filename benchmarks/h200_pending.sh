@@ -7,7 +7,7 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPSYNTH_KERNELBENCH=$PWD/.kb/kernelbench.parquet TORCH_CUDA_ARCH_LIST=9.0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/train_h200"
-STAGE=${1:-all}   # all | reward | train (two calls leave room to fix the second after the first)
+STAGE=${1:-all}   # all | reward | train | train+throughput (two calls leave room to fix the second after the first)
 if [ "$STAGE" != train ]; then
 # 1. reward environment on CUDA: adversarial and good candidates (side_stream fix 5b15fdd unverified)
 # (-s shows each candidate's verdict as the module fixture computes them; all share one nvcc build)
@@ -22,4 +22,7 @@ timeout 90 python3 -m pipelines.generate cluster=local_cuda cluster.threads_per_
   output_dir=/tmp/gen progress=false 2>&1 | tail -3
 timeout 170 python3 benchmarks/train_h200.py --shards /tmp/gen --steps 2 --out /tmp/train_h200 2>&1 | tail -15
 cp /tmp/train_h200/metrics.jsonl /tmp/train_h200/summary.json "$OUT/train_h200/" 2>/dev/null
+fi
+if [ "$STAGE" = train+throughput ]; then
+timeout 250 python3 benchmarks/reward_throughput.py --count 16 --baseline-count 1 --build-workers 16 --out "$OUT/reward_throughput.json" 2>&1 | tail -12
 fi
