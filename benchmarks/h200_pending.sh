@@ -8,7 +8,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPSYNTH_KERNELBENCH=$PWD/.kb/kernelbench.parquet TORCH_CUDA_ARCH_LIST=9.0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/train_h200"
 STAGE=${1:-all}   # all | reward | train | train+throughput (two calls leave room to fix the second after the first)
-if [ "$STAGE" != train ]; then
+if [ "$STAGE" = all ] || [ "$STAGE" = reward ]; then
 # 1. reward environment on CUDA: adversarial and good candidates (side_stream fix 5b15fdd unverified)
 # (-s shows each candidate's verdict as the module fixture computes them; all share one nvcc build)
 timeout 200 python3 -m pytest -s -v -m gpu tests/rl/test_reward_gpu.py -p no:cacheprovider --timeout 190 --durations=3 > "$OUT/gpu_tests.log" 2>&1
@@ -16,7 +16,7 @@ tail -14 "$OUT/gpu_tests.log"
 # 2. reward evaluations per minute, overlapped vs one at a time
 timeout 330 python3 benchmarks/reward_throughput.py --count 16 --baseline-count 2 --out "$OUT/reward_throughput.json" 2>&1 | tail -20
 fi
-if [ "$STAGE" != reward ]; then
+if [ "$STAGE" != reward ]; then  # all, train, train+throughput
 # 3. a few accepted tasks on the GPU, then a short GRPO run on them (bandit run: real CUDA rewards)
 timeout 90 python3 -m pipelines.generate cluster=local_cuda cluster.threads_per_worker=14 verify=cuda n_tasks=40 \
   output_dir=/tmp/gen progress=false 2>&1 | tail -3
