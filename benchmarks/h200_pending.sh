@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPSYNTH_KERNELBENCH=$PWD/.kb/kern
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/train_h200"
 STAGE=${1:-all}   # all | reward | train | train+throughput (two calls leave room to fix the second after the first)
 if [ "$STAGE" = all ] || [ "$STAGE" = reward ]; then
-# 1. reward environment on CUDA: adversarial and good candidates (side_stream fix 5b15fdd unverified)
+# 1. reward environment on CUDA: adversarial and good candidates (passed 10/10 on 2026-11-30: benchmarks/results/reward_gpu_tests_h200*.log)
 # (-s shows each candidate's verdict as the module fixture computes them; all share one nvcc build)
 timeout 200 python3 -m pytest -s -v -m gpu tests/rl/test_reward_gpu.py -p no:cacheprovider --timeout 190 --durations=3 > "$OUT/gpu_tests.log" 2>&1
 tail -14 "$OUT/gpu_tests.log"
