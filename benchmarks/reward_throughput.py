@@ -1,11 +1,13 @@
 """Reward evaluations per minute: overlapped (evaluate_many) vs one at a time (evaluate), same run.
 
 Every candidate is a distinct `load_inline` source (a salted template), so each needs its own build,
-as completions from a policy do. Baselines (eager / torch.compile timings) are measured once per task
-before either run, as in steady-state training where they are cached.
+as completions from a policy do. Baselines (eager / torch.compile timings) and the shared precompiled
+header are made once before either run, as in steady-state training where they are cached. On CUDA
+two candidate layouts are measured: "light" (what the policy brief asks for: a torch-free .cu with
+no_implicit_headers=True, the torch wrapper in C++) and "heavy" (torch headers in the .cu).
 
     python benchmarks/reward_throughput.py                      # H200: CUDA candidates
-    python benchmarks/reward_throughput.py --device cpu --count 2 --baseline-count 1   # CPU smoke
+    python benchmarks/reward_throughput.py --device cpu --count 6 --baseline-count 2   # CPU
 
 Imports only torch and opsynth.rl (no dask / hydra / datasets).
 """
@@ -232,103 +234,251 @@ class ModelNew(nn.Module):
         return ext.run(x, self.a, self.b)
 '''
 
+# "light" layout (what the policy brief asks for): kernels and a raw-pointer launcher in a torch-free
+# .cu (no_implicit_headers=True, so nvcc never parses ATen), the torch::Tensor wrapper in C++, whose
+# torch/extension.h comes from the shared precompiled header.
+CUDA_ELEMENTWISE_LIGHT = r'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CU = r"""
+#include <cuda_runtime.h>
+// variant {salt}
+__global__ void k(const float* __restrict__ x, float* __restrict__ y, long n, float a, float b) {{
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {{
+        float v = x[i]{body};
+        y[i] = v;
+    }}
+}}
+void launch(const float* x, float* y, long n, float a, float b) {{
+    long blocks = (n + {threads} - 1) / {threads};
+    if (blocks > 65535L * 8) blocks = 65535L * 8;
+    k<<<blocks, {threads}>>>(x, y, n, a, b);
+}}
+"""
+
+_CPP = r"""
+#include <torch/extension.h>
+void launch(const float* x, float* y, long n, float a, float b);
+torch::Tensor run(torch::Tensor x, double a, double b) {{
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), (float)a, (float)b);
+    return y;
+}}
+"""
+
+ext = load_inline(name="bench_{task}_{salt}", cpp_sources=_CPP, cuda_sources=_CU, functions=["run"],
+                  extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], no_implicit_headers=True)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+        self.a = float(args[0])
+        self.b = float(args[1]) if len(args) > 1 else 0.0
+
+    def forward(self, x):
+        return ext.run(x, self.a, self.b)
+'''
+
+CUDA_LINEAR_LIGHT = r'''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CU = r"""
+#include <cuda_runtime.h>
+// variant {salt}
+#define T 16
+__global__ void k(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
+    __shared__ float xs[T][T], ws[T][T];
+    int i = blockIdx.y * T + threadIdx.y, j = blockIdx.x * T + threadIdx.x;
+    float acc = 0.f;
+    for (int t0 = 0; t0 < kk; t0 += T) {{
+        xs[threadIdx.y][threadIdx.x] = (i < n && t0 + threadIdx.x < kk) ? X[(long)i * kk + t0 + threadIdx.x] : 0.f;
+        ws[threadIdx.y][threadIdx.x] = (blockIdx.x * T + threadIdx.y < m && t0 + threadIdx.x < kk) ? W[(long)(blockIdx.x * T + threadIdx.y) * kk + t0 + threadIdx.x] : 0.f;
+        __syncthreads();
+        for (int t = 0; t < T; ++t) acc += xs[threadIdx.y][t] * ws[threadIdx.x][t];
+        __syncthreads();
+    }}
+    if (i < n && j < m) {{ float v = acc + B[j]; Y[(long)i * m + j] = v > 0.f ? v : 0.f; }}
+}}
+void launch(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
+    dim3 block(T, T), grid((m + T - 1) / T, (n + T - 1) / T);
+    k<<<grid, block>>>(X, W, B, Y, n, kk, m);
+}}
+"""
+
+_CPP = r"""
+#include <torch/extension.h>
+void launch(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m);
+torch::Tensor run(torch::Tensor x, torch::Tensor w, torch::Tensor b) {{
+    auto xc = x.contiguous(); auto wc = w.contiguous(); auto bc = b.contiguous();
+    int n = xc.size(0), kk = xc.size(1), m = wc.size(0);
+    auto y = torch::empty({{n, m}}, xc.options());
+    launch(xc.data_ptr<float>(), wc.data_ptr<float>(), bc.data_ptr<float>(), y.data_ptr<float>(), n, kk, m);
+    return y;
+}}
+"""
+
+ext = load_inline(name="bench_{task}_{salt}", cpp_sources=_CPP, cuda_sources=_CU, functions=["run"],
+                  extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], no_implicit_headers=True)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return ext.run(x, self.linear.weight, self.linear.bias)
+'''
+
 CHAIN_BODY = " * a + b; v = v > 0.f ? v : 0.f; v = fabsf(v * 0.5f - 0.25f)"
 RELU_SCALE_BODY = " * 1.0f; v = (v > 0.f ? v : 0.f) * a"
 
 
-def candidate_source(task: str, salt: int, device: str) -> str:
+def candidate_source(task: str, salt: int, device: str, style: str = "heavy") -> str:
+    """One distinct candidate. style "heavy": torch headers in the .cu (the usual KernelBench-style
+    answer; nvcc parses ATen); "light": the layout the policy brief asks for (CUDA only)."""
     threads = (128, 256, 512)[salt % 3]
+    light = style == "light" and device == "cuda"
     if task == "linear_relu":
         if device == "cuda":
-            return CUDA_LINEAR.format(salt=salt, task=task)
+            return (CUDA_LINEAR_LIGHT if light else CUDA_LINEAR).format(salt=salt, task=task)
         task = "relu_scale"  # CPU smoke runs keep to the elementwise template
     body = CHAIN_BODY if task == "chain" else RELU_SCALE_BODY
-    tpl = CUDA_ELEMENTWISE if device == "cuda" else CPU_ELEMENTWISE
+    if device == "cuda":
+        tpl = CUDA_ELEMENTWISE_LIGHT if light else CUDA_ELEMENTWISE
+    else:
+        tpl = CPU_ELEMENTWISE
     return tpl.format(salt=salt, task=task, body=body, threads=threads)
 
 
-def make_pairs(device: str, tasks: list[str], count: int, salt0: int) -> tuple[list, dict]:
+def make_pairs(device: str, tasks: list[str], count: int, salt0: int, style: str = "heavy") -> tuple[list, dict]:
     srcs = {t: TASKS[t].format(**SIZES[device][t]) for t in tasks}
     pairs = []
     for i in range(count):
         t = tasks[i % len(tasks)]
-        cand_task = t if (device == "cuda" or t != "linear_relu") else "linear_relu"
-        pairs.append((t, srcs[t], candidate_source(cand_task, salt0 + i, device)))
+        pairs.append((t, srcs[t], candidate_source(t, salt0 + i, device, style)))
     return pairs, srcs
+
+
+def _summary(res) -> dict:
+    return dict(collections.Counter(f"{r.reward}:{r.reason}" for r in res))
+
+
+def _rate(n: int, seconds: float) -> float:
+    return round(n / seconds * 60, 2) if seconds > 0 else 0.0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tasks", default="chain,relu_scale,linear_relu")
-    ap.add_argument("--count", type=int, default=48, help="candidates in the overlapped run")
-    ap.add_argument("--baseline-count", type=int, default=8, help="candidates evaluated one at a time")
-    ap.add_argument("--build-workers", type=int, default=None)
+    ap.add_argument("--styles", default=None,
+                    help="candidate layouts, comma-separated, the first one headlines the JSON: light (torch-free .cu, "
+                         "as the policy brief asks) and/or heavy (torch headers in the .cu). Default: light,heavy on "
+                         "cuda; heavy on cpu (no .cu there)")
+    ap.add_argument("--count", type=int, default=48, help="candidates in each overlapped run")
+    ap.add_argument("--baseline-count", type=int, default=4, help="candidates evaluated one at a time, per style")
+    ap.add_argument("--build-workers", type=int, default=None, help="default: RewardConfig's (cpu_count on cuda)")
     ap.add_argument("--measure-workers", type=int, default=None)
+    ap.add_argument("--no-shared-pch", action="store_true", help="build without the shared precompiled torch/extension.h")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temp dir (so every build is real)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reward_throughput.json"))
     args = ap.parse_args()
 
     import torch
 
+    from opsynth.rl.evaluate import _cleanup, _prepare_reference
+    from opsynth.rl.pch import pch_include_dir, pch_root
+
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     tasks = [t for t in args.tasks.split(",") if t]
     if device == "cpu":
         tasks = [t for t in tasks if t != "linear_relu"] or ["chain"]
+    styles = [x for x in (args.styles or ("light,heavy" if device == "cuda" else "heavy")).split(",") if x]
     cache = args.cache_dir or tempfile.mkdtemp(prefix="reward_bench_")
-    cfg = RewardConfig(device=device, cache_dir=cache, build_workers=args.build_workers, measure_workers=args.measure_workers)
+    cfg = RewardConfig(device=device, cache_dir=cache, build_workers=args.build_workers,
+                       measure_workers=args.measure_workers, shared_pch=not args.no_shared_pch)
     run_salt = int(time.time()) % 100000 * 1000  # fresh sources even with a reused cache dir
-
-    # Warm-up: reference baselines (eager, torch.compile) per task, cached as in steady-state training.
-    t0 = time.perf_counter()
-    _, task_srcs = make_pairs(device, tasks, len(tasks), 0)
-    for name, src in task_srcs.items():
-        from opsynth.rl.evaluate import _prepare_reference, _cleanup
-
-        ref = _prepare_reference(src, cfg, device)
-        print(f"[warm-up {time.perf_counter() - t0:.0f} s] {name}: ok={ref.ok} eager={ref.eager_ms} compile={ref.compile_ms}", flush=True)
-        _cleanup(ref.scratch, cfg)
-    warmup_s = time.perf_counter() - t0
-
-    pairs, _ = make_pairs(device, tasks, args.count, run_salt)
-    t0 = time.perf_counter()
-    results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg)
-    overlapped_s = time.perf_counter() - t0
-    print(f"[overlapped] {len(results)} in {overlapped_s:.0f} s: {collections.Counter(r.reason for r in results)}", flush=True)
-
-    base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 500)
-    t0 = time.perf_counter()
-    base_results = [evaluate(src, cand, cfg) for _, src, cand in base_pairs]
-    baseline_s = time.perf_counter() - t0
-
-    def summary(res):
-        return dict(collections.Counter(f"{r.reward}:{r.reason}" for r in res))
-
     out = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
-        "evals_per_min": round(len(results) / overlapped_s * 60, 2),
-        "baseline_evals_per_min": round(len(base_results) / baseline_s * 60, 2),
-        "count": len(results),
-        "baseline_count": len(base_results),
-        "overlapped_s": round(overlapped_s, 1),
-        "baseline_s": round(baseline_s, 1),
-        "warmup_s": round(warmup_s, 1),
-        "build_workers": cfg.build_workers or max(1, (os.cpu_count() or 2) // 2),
+        "evals_per_min": None,
+        "baseline_evals_per_min": None,
+        "complete": False,
+        "headline_style": styles[0],
+        "cpu_count": os.cpu_count(),
+        "build_workers": cfg.resolved_build_workers(device),
         "measure_workers": cfg.resolved_measure_workers(device),
-        "rewards": summary(results),
-        "baseline_rewards": summary(base_results),
+        "shared_pch": cfg.shared_pch,
         "tasks": tasks,
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "by_style": {},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+
+    def save():  # after every phase, so a run cut short still leaves its numbers
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=2))
+
+    # Warm-up, as in steady-state training: reference baselines (eager, torch.compile) per task, which
+    # are cached, and the shared PCH, which is built once per compiler and flag set.
+    t0 = time.perf_counter()
+    _, task_srcs = make_pairs(device, tasks, len(tasks), 0)
+    for name, src in task_srcs.items():
+        ref = _prepare_reference(src, cfg, device)
+        print(f"[warm-up {time.perf_counter() - t0:.0f} s] {name}: ok={ref.ok} eager={ref.eager_ms} compile={ref.compile_ms}", flush=True)
+        _cleanup(ref.scratch, cfg)
+    out["warmup_s"] = round(time.perf_counter() - t0, 1)
+    if cfg.shared_pch:
+        t0 = time.perf_counter()
+        d = pch_include_dir(pch_root(cache), ["-O3"], with_cuda=device == "cuda", log=print)
+        out["pch_s"] = round(time.perf_counter() - t0, 1)
+        print(f"[warm-up] shared PCH {'ready' if d else 'unavailable'} in {out['pch_s']} s", flush=True)
+    save()
+
+    for k, style in enumerate(styles):
+        rec = out["by_style"].setdefault(style, {})
+        # One at a time first: short, and the comparison the target is about.
+        base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 100_000 * k + 50_000, style)
+        t0 = time.perf_counter()
+        base = []
+        for _, src, cand in base_pairs:
+            base.append(evaluate(src, cand, cfg))
+            print(f"[{style} one-at-a-time {time.perf_counter() - t0:.0f} s] {base[-1].reward} {base[-1].reason} "
+                  f"build {base[-1].times.get('build_s')} s", flush=True)
+        baseline_s = time.perf_counter() - t0
+        rec.update(baseline_count=len(base), baseline_s=round(baseline_s, 1), baseline_evals_per_min=_rate(len(base), baseline_s),
+                   baseline_rewards=_summary(base))
+        if k == 0:
+            out["baseline_evals_per_min"] = rec["baseline_evals_per_min"]
+        save()
+
+        pairs, _ = make_pairs(device, tasks, args.count, run_salt + 100_000 * k, style)
+        t0 = time.perf_counter()
+        results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg)
+        overlapped_s = time.perf_counter() - t0
+        builds = sorted(r.times.get("build_s") or 0.0 for r in results)
+        rec.update(count=len(results), overlapped_s=round(overlapped_s, 1), evals_per_min=_rate(len(results), overlapped_s),
+                   rewards=_summary(results), median_build_s=round(builds[len(builds) // 2], 1) if builds else None)
+        print(f"[{style} overlapped] {len(results)} in {overlapped_s:.0f} s: {rec['rewards']}", flush=True)
+        if k == 0:
+            out["evals_per_min"] = rec["evals_per_min"]
+        save()
+
+    out["complete"] = True
+    save()
     print()
-    print(f"{'mode':<14}{'evals':>7}{'seconds':>10}{'evals/min':>11}")
-    print(f"{'overlapped':<14}{out['count']:>7}{out['overlapped_s']:>10}{out['evals_per_min']:>11}")
-    print(f"{'one-at-a-time':<14}{out['baseline_count']:>7}{out['baseline_s']:>10}{out['baseline_evals_per_min']:>11}")
-    print(f"rewards (overlapped): {out['rewards']}")
-    print(f"device: {out['device']}; wrote {args.out}")
+    print(f"{'style':<8}{'mode':<15}{'evals':>7}{'seconds':>10}{'evals/min':>11}")
+    for style, rec in out["by_style"].items():
+        print(f"{style:<8}{'overlapped':<15}{rec['count']:>7}{rec['overlapped_s']:>10}{rec['evals_per_min']:>11}")
+        print(f"{style:<8}{'one-at-a-time':<15}{rec['baseline_count']:>7}{rec['baseline_s']:>10}{rec['baseline_evals_per_min']:>11}")
+        print(f"{style:<8}rewards (overlapped): {rec['rewards']}")
+    print(f"device: {out['device']}; build workers {out['build_workers']}, measure workers {out['measure_workers']}, "
+          f"shared PCH {out['shared_pch']}; wrote {args.out}")
 
 
 if __name__ == "__main__":

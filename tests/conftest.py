@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,21 @@ REPO = Path(__file__).resolve().parents[1]
 KERNELBENCH_PARQUET = Path(
     os.environ.get("OPSYNTH_KERNELBENCH", REPO.parent / "shared" / "kernelbench" / "kernelbench.parquet")
 )
+
+
+def pytest_configure(config):
+    # One shared precompiled torch/extension.h for every reward cache the suite creates (each PCH is
+    # ~40 s of gcc and ~800 MB; per test cache they would cost minutes and gigabytes).
+    if not os.environ.get("OPSYNTH_RL_PCH_DIR"):
+        d = tempfile.mkdtemp(prefix="opsynth_test_pch_")
+        os.environ["OPSYNTH_RL_PCH_DIR"] = d
+        config._opsynth_pch_dir = d
+
+
+def pytest_unconfigure(config):
+    d = getattr(config, "_opsynth_pch_dir", None)
+    if d:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _has_cuda() -> bool:

@@ -34,7 +34,10 @@ def _install(job):
 
     audit = guards.OpAudit()
     guards.Blocker(audit).install()
-    tracker = guards.ExtensionTracker(audit, os.path.join(job["cache_dir"], "torch_extensions"))
+    from opsynth.rl.pch import pch_root
+
+    pch = pch_root(job["cache_dir"]) if job.get("shared_pch", True) else None
+    tracker = guards.ExtensionTracker(audit, os.path.join(job["cache_dir"], "torch_extensions"), pch)
     tracker.install()
     audit.__enter__()  # stays on the mode stack for the child's life; it only acts while armed
     return torch, guards, audit, tracker

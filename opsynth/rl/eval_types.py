@@ -36,12 +36,14 @@ class RewardConfig:
     cpu_threads: int | None = None  # torch.set_num_threads in both children (None: torch's default)
     static_check: bool = True  # quick AST/source pre-check before anything runs
     cache_dir: str | None = None  # None: default_cache_dir()
+    shared_pch: bool = True  # precompile torch/extension.h once per flag set for all builds (gcc; opsynth.rl.pch)
     build_timeout_s: float = 900.0
     run_timeout_s: float = 300.0
     reference_timeout_s: float = 600.0
     memory_limit_gb: float = 32.0  # RLIMIT_AS on the cpu backend (cuda reserves huge address ranges)
     prebuild: bool = True  # evaluate_many: build in separate parallel children before measuring
-    build_workers: int | None = None  # evaluate_many: parallel builds (None: cpu_count // 2, at least 1)
+    build_workers: int | None = None  # evaluate_many: parallel builds (None: cpu_count on cuda, where the
+    # compilers have the cores to themselves; cpu_count // 2 on cpu, where timed runs need some too)
     measure_workers: int | None = None  # evaluate_many: children in flight on the device (None: 4 on cuda, 1 on cpu);
     # their checked and timed sections hold an exclusive device lock, so only start-up overlaps
     keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
@@ -58,6 +60,12 @@ class RewardConfig:
             return "cuda" if torch.cuda.is_available() else "cpu"
         except Exception:
             return "cpu"
+
+    def resolved_build_workers(self, device: str) -> int:
+        if self.build_workers:
+            return self.build_workers
+        n = os.cpu_count() or 2
+        return n if device == "cuda" else max(1, n // 2)
 
     def resolved_measure_workers(self, device: str) -> int:
         if self.measure_workers:

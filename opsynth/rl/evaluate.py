@@ -113,6 +113,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
         "workspace": bool(spec.kernel_files),
         "device": device,
         "cache_dir": str(cfg.resolved_cache_dir()),
+        "shared_pch": cfg.shared_pch,
         "cpu_threads": cfg.cpu_threads,
         "memory_limit_gb": cfg.memory_limit_gb,
         "result_path": str(scratch / f"cand_{mode}.json"),
@@ -209,6 +210,8 @@ def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = N
 def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
     """Evaluate (task_code, candidate) pairs, overlapping CPU builds with device measurement.
 
+    (On the cpu backend, where both would compete for the same cores, builds finish first.)
+
     Builds run in `build_workers` children at once (CPU); references (one per distinct task) and
     measurements run in `measure_workers` children, whose device-sensitive sections (checked calls
     and timing) take an exclusive lock on the device, so timings never overlap each other while the
@@ -227,7 +230,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
             results[i] = early
         else:
             specs[i] = spec
-    build_workers = cfg.build_workers or max(1, (os.cpu_count() or 2) // 2)
+    build_workers = cfg.resolved_build_workers(device)
     scratches = {i: _tmpdir("opsynth_cand_") for i in specs}
     by_digest: dict[str, list[int]] = {}
     for i in specs:
@@ -255,12 +258,22 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
         with ThreadPoolExecutor(max_workers=build_workers) as bpool, ThreadPoolExecutor(
             max_workers=cfg.resolved_measure_workers(device)
         ) as mpool:
-            # References go first in the measurement queue, so measurements never wait behind them long.
-            for i in specs:
-                task = pairs[i][0]
-                if task not in ref_futs:
-                    ref_futs[task] = mpool.submit(_prepare_reference, task, cfg, device)
+            def submit_references():
+                for i in specs:
+                    task = pairs[i][0]
+                    if task not in ref_futs:
+                        ref_futs[task] = mpool.submit(_prepare_reference, task, cfg, device)
+
+            # On a GPU, builds (CPU) overlap timing (device). On the cpu backend they would share the
+            # cores and skew every baseline and candidate timing, so all builds finish first there.
+            overlap = device != "cpu"
+            if overlap:  # references go first in the measurement queue, so measurements never wait long
+                submit_references()
             build_futs = [bpool.submit(build, d) for d in by_digest]  # identical candidates build once
+            if not overlap:
+                for fut in build_futs:
+                    fut.exception()  # wait
+                submit_references()
             measure_futs = {}
             for fut in as_completed(build_futs):
                 digest, bres = fut.result()

@@ -234,6 +234,20 @@ def new_python_threads(baseline: set[int]) -> list[str]:
     return [t.name for t in threading.enumerate() if t.ident not in baseline and t.is_alive()]
 
 
+def _first_include(path: str | None = None, text: str | None = None) -> str | None:
+    """The first header a C++ source (a file, or text) includes; gcc uses a PCH only for that one."""
+    import re
+
+    if text is None:
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return None
+    m = re.search(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', text, re.M)
+    return m.group(1) if m else None
+
+
 class ExtensionTracker:
     """Intercepts torch.utils.cpp_extension.load_inline / load.
 
@@ -242,9 +256,10 @@ class ExtensionTracker:
     The returned module is wrapped so calls into its functions are counted while the audit is armed.
     """
 
-    def __init__(self, audit: OpAudit, ext_root: str):
+    def __init__(self, audit: OpAudit, ext_root: str, pch_root: str | None = None):
         self.audit = audit
         self.ext_root = ext_root
+        self.pch_root = pch_root  # None: no shared precompiled header (see opsynth.rl.pch)
         self.calls = 0
         self.build_failed: str | None = None
         self.build_s = 0.0
@@ -276,7 +291,24 @@ class ExtensionTracker:
         self.modules.append(mod.__name__)
         return proxy
 
-    def _timed_build(self, fn, name, build_dir, *a, **k):
+    def _with_pch(self, skip: bool, kwargs: dict, with_cuda: bool) -> dict:
+        """kwargs plus `-I<shared PCH dir>` in extra_cflags, when a shared PCH can be had.
+
+        Applied after the build key is taken, so builds with and without the PCH share a cache entry.
+        """
+        if not self.pch_root or skip:  # e.g. options passed positionally: leave the call alone
+            return kwargs
+        from opsynth.rl.pch import pch_include_dir
+
+        cflags = kwargs.get("extra_cflags") or []
+        if isinstance(cflags, str):
+            cflags = [cflags]
+        d = pch_include_dir(self.pch_root, cflags, with_cuda=with_cuda, log=lambda m: print(m, flush=True))
+        if d is None:
+            return kwargs
+        return {**kwargs, "extra_cflags": [f"-I{d}", *cflags]}
+
+    def _timed_build(self, fn, name, build_dir, with_cuda, skip_pch, sources, /, *a, **k):
         """Build (or import an earlier build of) one extension.
 
         A finished build leaves a marker; later loads import the .so directly, skipping torch's
@@ -295,7 +327,8 @@ class ExtensionTracker:
                     return ce._import_module_from_library(name, build_dir, k.get("is_python_module", True))
                 except Exception:
                     pass
-            mod = fn(name, *a, build_directory=build_dir, **k)
+            k = self._with_pch(skip_pch, k, with_cuda)  # only for real builds: a cached one needs no PCH
+            mod = fn(name, sources, *a, build_directory=build_dir, **k)
             with open(marker, "w") as f:
                 f.write(name)
             return mod
@@ -319,7 +352,12 @@ class ExtensionTracker:
             kwargs.pop("build_directory", None)
             key = _key(name, cpp_sources, cuda_sources, args, sorted((k, repr(v)) for k, v in kwargs.items()), torch.__version__)
             bdir = tracker._build_dir(name, key)
-            mod = tracker._timed_build(orig_inline, name, bdir, cpp_sources, cuda_sources, *args, **kwargs)
+            with_cuda = kwargs.get("with_cuda")
+            with_cuda = bool(cuda_sources) if with_cuda is None else bool(with_cuda)
+            # main.cpp starts with torch/extension.h, unless no_implicit_headers leaves that to the source
+            cpp_text = cpp_sources if isinstance(cpp_sources, str) else "\n".join(cpp_sources or [])
+            skip_pch = bool(args) or (bool(kwargs.get("no_implicit_headers")) and _first_include(text=cpp_text) != "torch/extension.h")
+            mod = tracker._timed_build(orig_inline, name, bdir, with_cuda, skip_pch, cpp_sources, cuda_sources, *args, **kwargs)
             return tracker._wrap_module(mod)
 
         @functools.wraps(orig_load)
@@ -332,7 +370,12 @@ class ExtensionTracker:
                     contents.append(hashlib.sha256(f.read()).hexdigest())
             key = _key(name, contents, args, sorted((k, repr(v)) for k, v in kwargs.items()), torch.__version__)
             bdir = tracker._build_dir(name, key)
-            mod = tracker._timed_build(orig_load, name, bdir, srcs, *args, **kwargs)
+            with_cuda = kwargs.get("with_cuda")
+            with_cuda = any(s.endswith((".cu", ".cuh")) for s in srcs) if with_cuda is None else bool(with_cuda)
+            # gcc uses a PCH only for a translation unit's first include: skip sources that do not
+            # start with torch/extension.h (a workspace's raw kernels and pybind11-only bindings).
+            use_pch = not args and any(_first_include(s) == "torch/extension.h" for s in srcs if s.endswith((".cpp", ".cc", ".cxx")))
+            mod = tracker._timed_build(orig_load, name, bdir, with_cuda, not use_pch, srcs, *args, **kwargs)
             return tracker._wrap_module(mod)
 
         ce.load_inline = load_inline

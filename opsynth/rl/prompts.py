@@ -26,6 +26,10 @@ Rules:
   sum, softmax, ...) or the `Model` class; only allocate outputs (`torch.empty`, `torch.empty_like`),
   reshape/view tensors, read metadata, and launch your kernels. No try/except fallbacks, no caching
   of outputs between calls, no side streams or threads, no in-place changes to the inputs.
+- Builds are part of every evaluation, so keep PyTorch headers out of CUDA code: put the kernels and
+  a plain launcher (raw pointers and sizes) in `cuda_sources` with `#include <cuda_runtime.h>`, pass
+  `no_implicit_headers=True`, and write the `torch::Tensor` wrapper in `cpp_sources`, starting with
+  `#include <torch/extension.h>`. nvcc then never parses ATen, and the build is several times faster.
 - Handle any input size, not only the sizes in `get_inputs()`. Outputs must match `Model` within
   atol = rtol = 1e-2, with the same shapes and dtypes.
 

@@ -31,13 +31,40 @@ def _make_inputs(mod, seed: int, device: str):
 
 
 def run(job: dict) -> dict:
+    """Everything that touches the device runs under the device lock, except torch.compile's
+    compilation (seconds to a minute of CPU work for each new task), which would otherwise hold up
+    every candidate's measurement behind it."""
     import torch  # noqa: F401  (import outside the device lock)
 
     with device_lock(job):
-        return _run(job)
+        result, compile_job = _run(job)
+    if compile_job is not None:
+        _compile_baseline(job, result, *compile_job)
+    return result
 
 
-def _run(job: dict) -> dict:
+def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
+    import torch
+
+    from opsynth.rl.timing import time_forward
+
+    try:
+        t0 = time.perf_counter()
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*buffers)  # compiles (CPU work) outside the lock; one forward on the device
+        print(f"[reference] torch.compile took {time.perf_counter() - t0:.1f} s", flush=True)
+        with device_lock(job), torch.no_grad():
+            result["compile_ms"], _ = time_forward(compiled, buffers, contents, timer, warmup, repeats)
+        print(f"[reference] compile {result['compile_ms']:.4f} ms", flush=True)
+    except Exception:
+        traceback.print_exc()
+        print("[reference] torch.compile baseline failed; reward 3 is out of reach", flush=True)
+
+
+def _run(job: dict):
+    """Reference outputs and the eager timing (under the device lock); returns (result, what the
+    compile baseline needs, or None)."""
     import torch
 
     from opsynth.rl.task_io import as_output_list, load_task_module, with_second_shape
@@ -56,7 +83,7 @@ def _run(job: dict) -> dict:
         model = model.to(device).eval()
     except Exception:
         traceback.print_exc()
-        return {"reason": "task_error"}
+        return {"reason": "task_error"}, None
 
     trials, outputs = [], []
     with torch.no_grad():
@@ -64,7 +91,7 @@ def _run(job: dict) -> dict:
             inputs = _make_inputs(mod, int(seed), device)
             out = as_output_list(model(*inputs))
             if not all(isinstance(o, torch.Tensor) for o in out):
-                return {"reason": "task_error", "error": "Model output is not tensors"}
+                return {"reason": "task_error", "error": "Model output is not tensors"}, None
             trials.append(_to_cpu(inputs))
             outputs.append(_to_cpu(out))
         second_inputs = second_outputs = None
@@ -95,7 +122,7 @@ def _run(job: dict) -> dict:
         "compile_ms": None,
     }
     if not job.get("measure_baselines"):
-        return result
+        return result, None
 
     warmup, repeats = job["timing"]
     timer = Timer(device, job.get("flush_l2", True))
@@ -104,18 +131,9 @@ def _run(job: dict) -> dict:
     with torch.no_grad():
         result["eager_ms"], _ = time_forward(model, buffers, contents, timer, warmup, repeats)
         print(f"[reference] eager {result['eager_ms']:.4f} ms", flush=True)
-        if job.get("compile_baseline"):
-            try:
-                t0 = time.perf_counter()
-                compiled = torch.compile(model)
-                compiled(*buffers)  # compile outside the timed region
-                print(f"[reference] torch.compile took {time.perf_counter() - t0:.1f} s", flush=True)
-                result["compile_ms"], _ = time_forward(compiled, buffers, contents, timer, warmup, repeats)
-                print(f"[reference] compile {result['compile_ms']:.4f} ms", flush=True)
-            except Exception:
-                traceback.print_exc()
-                print("[reference] torch.compile baseline failed; reward 3 is out of reach", flush=True)
-    return result
+    if job.get("compile_baseline"):
+        return result, (model, buffers, contents, timer, warmup, repeats)
+    return result, None
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ def time_forward(fn, buffers: list, contents_list: list, timer: Timer, warmup: i
     for it in range(warmup + repeats):
         k = it % n
         load_contents(buffers, contents_list[k])
+        # Drop the previous output for this slot first: kept alive, every call would get fresh memory
+        # from the allocator, and on the CPU its page faults (about 1 ms per 4 MiB) would be timed too.
+        last[k] = out = None
         ms, out = timer.time_call(fn, buffers)
         if on_output is not None:
             on_output(out)
