@@ -129,12 +129,13 @@ def main() -> None:
         rows.append({"part": "cuda.cu", "seconds": None, "note": "no nvcc (set CUDA_HOME)"})
     else:
         nvcc, home = nv
-        inc = [f"-isystem{p}" for p in ce.include_paths("cpu")] + [f"-isystem{home}/include"]
-        if os.path.isdir(f"{home}/include/cccl"):
-            inc.append(f"-isystem{home}/include/cccl")
         import sysconfig
 
-        inc.append(f"-isystem{sysconfig.get_path('include')}")
+        dirs = [*ce.include_paths("cpu"), f"{home}/include"]
+        if os.path.isdir(f"{home}/include/cccl"):
+            dirs.append(f"{home}/include/cccl")  # pip-installed CUDA keeps libcu++ here
+        dirs.append(sysconfig.get_path("include"))
+        inc = [a for d in dirs for a in ("-isystem", d)]
         nvflags = ["-DTORCH_EXTENSION_NAME=bench_ext", "-DTORCH_API_INCLUDE_EXTENSION_H", *inc, *ce.COMMON_NVCC_FLAGS,
                    f"-gencode=arch=compute_{args.arch},code=compute_{args.arch}", f"-gencode=arch=compute_{args.arch},code=sm_{args.arch}",
                    "--compiler-options", "-fPIC", "-O3", "-std=c++20"]
