@@ -120,6 +120,32 @@ SIZES = {
 
 # ---- candidate templates: {salt} makes every source distinct, {threads} varies the launch ----------
 
+# The kernels both layouts share (format templates: {body}, {{ }} for braces).
+ELEMENTWISE_KERNEL = r'''__global__ void k(const float* __restrict__ x, float* __restrict__ y, long n, float a, float b) {{
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {{
+        float v = x[i]{body};
+        y[i] = v;
+    }}
+}}
+'''
+
+LINEAR_KERNEL = r'''#define T 16
+__global__ void k(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
+    __shared__ float xs[T][T], ws[T][T];
+    int i = blockIdx.y * T + threadIdx.y, j = blockIdx.x * T + threadIdx.x;
+    float acc = 0.f;
+    for (int t0 = 0; t0 < kk; t0 += T) {{
+        xs[threadIdx.y][threadIdx.x] = (i < n && t0 + threadIdx.x < kk) ? X[(long)i * kk + t0 + threadIdx.x] : 0.f;
+        ws[threadIdx.y][threadIdx.x] = (blockIdx.x * T + threadIdx.y < m && t0 + threadIdx.x < kk) ? W[(long)(blockIdx.x * T + threadIdx.y) * kk + t0 + threadIdx.x] : 0.f;
+        __syncthreads();
+        for (int t = 0; t < T; ++t) acc += xs[threadIdx.y][t] * ws[threadIdx.x][t];
+        __syncthreads();
+    }}
+    if (i < n && j < m) {{ float v = acc + B[j]; Y[(long)i * m + j] = v > 0.f ? v : 0.f; }}
+}}
+'''
+
 CUDA_ELEMENTWISE = r'''import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -128,14 +154,7 @@ _SRC = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 // variant {salt}
-__global__ void k(const float* __restrict__ x, float* __restrict__ y, long n, float a, float b) {{
-    long stride = (long)gridDim.x * blockDim.x;
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {{
-        float v = x[i]{body};
-        y[i] = v;
-    }}
-}}
-torch::Tensor run(torch::Tensor x, double a, double b) {{
+''' + ELEMENTWISE_KERNEL + r'''torch::Tensor run(torch::Tensor x, double a, double b) {{
     auto xc = x.contiguous();
     auto y = torch::empty_like(xc);
     long n = xc.numel();
@@ -167,21 +186,7 @@ _SRC = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 // variant {salt}
-#define T 16
-__global__ void k(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
-    __shared__ float xs[T][T], ws[T][T];
-    int i = blockIdx.y * T + threadIdx.y, j = blockIdx.x * T + threadIdx.x;
-    float acc = 0.f;
-    for (int t0 = 0; t0 < kk; t0 += T) {{
-        xs[threadIdx.y][threadIdx.x] = (i < n && t0 + threadIdx.x < kk) ? X[(long)i * kk + t0 + threadIdx.x] : 0.f;
-        ws[threadIdx.y][threadIdx.x] = (blockIdx.x * T + threadIdx.y < m && t0 + threadIdx.x < kk) ? W[(long)(blockIdx.x * T + threadIdx.y) * kk + t0 + threadIdx.x] : 0.f;
-        __syncthreads();
-        for (int t = 0; t < T; ++t) acc += xs[threadIdx.y][t] * ws[threadIdx.x][t];
-        __syncthreads();
-    }}
-    if (i < n && j < m) {{ float v = acc + B[j]; Y[(long)i * m + j] = v > 0.f ? v : 0.f; }}
-}}
-torch::Tensor run(torch::Tensor x, torch::Tensor w, torch::Tensor b) {{
+''' + LINEAR_KERNEL + r'''torch::Tensor run(torch::Tensor x, torch::Tensor w, torch::Tensor b) {{
     auto xc = x.contiguous(); auto wc = w.contiguous();
     int n = xc.size(0), kk = xc.size(1), m = wc.size(0);
     auto y = torch::empty({{n, m}}, xc.options());
@@ -244,14 +249,7 @@ from torch.utils.cpp_extension import load_inline
 _CU = r"""
 #include <cuda_runtime.h>
 // variant {salt}
-__global__ void k(const float* __restrict__ x, float* __restrict__ y, long n, float a, float b) {{
-    long stride = (long)gridDim.x * blockDim.x;
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {{
-        float v = x[i]{body};
-        y[i] = v;
-    }}
-}}
-void launch(const float* x, float* y, long n, float a, float b) {{
+''' + ELEMENTWISE_KERNEL + r'''void launch(const float* x, float* y, long n, float a, float b) {{
     long blocks = (n + {threads} - 1) / {threads};
     if (blocks > 65535L * 8) blocks = 65535L * 8;
     k<<<blocks, {threads}>>>(x, y, n, a, b);
@@ -290,21 +288,7 @@ from torch.utils.cpp_extension import load_inline
 _CU = r"""
 #include <cuda_runtime.h>
 // variant {salt}
-#define T 16
-__global__ void k(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
-    __shared__ float xs[T][T], ws[T][T];
-    int i = blockIdx.y * T + threadIdx.y, j = blockIdx.x * T + threadIdx.x;
-    float acc = 0.f;
-    for (int t0 = 0; t0 < kk; t0 += T) {{
-        xs[threadIdx.y][threadIdx.x] = (i < n && t0 + threadIdx.x < kk) ? X[(long)i * kk + t0 + threadIdx.x] : 0.f;
-        ws[threadIdx.y][threadIdx.x] = (blockIdx.x * T + threadIdx.y < m && t0 + threadIdx.x < kk) ? W[(long)(blockIdx.x * T + threadIdx.y) * kk + t0 + threadIdx.x] : 0.f;
-        __syncthreads();
-        for (int t = 0; t < T; ++t) acc += xs[threadIdx.y][t] * ws[threadIdx.x][t];
-        __syncthreads();
-    }}
-    if (i < n && j < m) {{ float v = acc + B[j]; Y[(long)i * m + j] = v > 0.f ? v : 0.f; }}
-}}
-void launch(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
+''' + LINEAR_KERNEL + r'''void launch(const float* X, const float* W, const float* B, float* Y, int n, int kk, int m) {{
     dim3 block(T, T), grid((m + T - 1) / T, (n + T - 1) / T);
     k<<<grid, block>>>(X, W, B, Y, n, kk, m);
 }}
