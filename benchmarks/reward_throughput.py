@@ -353,6 +353,11 @@ def _summary(res) -> dict:
     return dict(collections.Counter(f"{r.reward}:{r.reason}" for r in res))
 
 
+def _median(values) -> float | None:
+    vals = sorted(v for v in values if v is not None)
+    return round(vals[len(vals) // 2], 2) if vals else None
+
+
 def _rate(n: int, seconds: float) -> float:
     return round(n / seconds * 60, 2) if seconds > 0 else 0.0
 
@@ -443,11 +448,21 @@ def main() -> None:
 
         pairs, _ = make_pairs(device, tasks, args.count, run_salt + 100_000 * k, style)
         t0 = time.perf_counter()
-        results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg)
+        done: list = []
+
+        def progress(_i, res):  # a run cut short still records how far it got, and when
+            done.append(round(time.perf_counter() - t0, 1))
+            rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1], "finished_at_s": list(done)}
+            print(f"[{style} overlapped {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
+                  + " ".join(f"{k2} {res.times.get(k2)}" for k2 in ("prebuild_s", "setup_s", "locked_s")), flush=True)
+            if len(done) % 8 == 0:
+                save()
+
+        results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg, on_result=progress)
         overlapped_s = time.perf_counter() - t0
-        builds = sorted(r.times.get("build_s") or 0.0 for r in results)
         rec.update(count=len(results), overlapped_s=round(overlapped_s, 1), evals_per_min=_rate(len(results), overlapped_s),
-                   rewards=_summary(results), median_build_s=round(builds[len(builds) // 2], 1) if builds else None)
+                   rewards=_summary(results),
+                   **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in ("prebuild_s", "setup_s", "locked_s")})
         print(f"[{style} overlapped] {len(results)} in {overlapped_s:.0f} s: {rec['rewards']}", flush=True)
         if k == 0:
             out["evals_per_min"] = rec["evals_per_min"]

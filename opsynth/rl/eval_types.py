@@ -44,8 +44,9 @@ class RewardConfig:
     prebuild: bool = True  # evaluate_many: build in separate parallel children before measuring
     build_workers: int | None = None  # evaluate_many: parallel builds (None: cpu_count on cuda, where the
     # compilers have the cores to themselves; cpu_count // 2 on cpu, where timed runs need some too)
-    measure_workers: int | None = None  # evaluate_many: children in flight on the device (None: 4 on cuda, 1 on cpu);
-    # their checked and timed sections hold an exclusive device lock, so only start-up overlaps
+    measure_workers: int | None = None  # evaluate_many: children in flight on the device (None: cores // 2,
+    # at most 8, on cuda; 1 on cpu); their checked and timed sections hold an exclusive device lock, so
+    # only start-up (seconds: imports, CUDA context, profiler) overlaps
     keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
 
     def resolved_cache_dir(self) -> Path:
@@ -70,7 +71,7 @@ class RewardConfig:
     def resolved_measure_workers(self, device: str) -> int:
         if self.measure_workers:
             return self.measure_workers
-        return 4 if device == "cuda" else 1
+        return max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1
 
     def timing(self, device: str) -> tuple[int, int]:
         warm = self.warmup if self.warmup is not None else (10 if device == "cuda" else 3)

@@ -155,6 +155,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         return EvalResult.rejected(res.reason, log, times, device)
     times["candidate_ms"] = res.data.get("candidate_ms")
     times["build_s"] = res.data.get("build_s")
+    times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
+    times["locked_s"] = res.data.get("locked_s")  # checks, profiler and timing (holding the device lock)
     import torch
 
     cand = torch.load(job["outputs_path"], weights_only=True)
@@ -207,8 +209,11 @@ def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = N
     return result
 
 
-def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
+def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> list[EvalResult]:
     """Evaluate (task_code, candidate) pairs, overlapping CPU builds with device measurement.
+
+    `on_result(index, result)`, when given, is called (from a worker thread) as each result is known,
+    for progress reporting; an exception it raises is ignored.
 
     (On the cpu backend, where both would compete for the same cores, builds finish first.)
 
@@ -224,10 +229,19 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
     pairs = list(pairs)
     results: list[EvalResult | None] = [None] * len(pairs)
     specs: dict[int, CandidateSpec] = {}
+
+    def report(i, res):
+        if on_result is not None:
+            try:
+                on_result(i, res)
+            except Exception:  # progress reporting must never lose a batch
+                pass
+
     for i, (_task, cand) in enumerate(pairs):
         spec, early = _precheck(cand, cfg, device)
         if early is not None:
             results[i] = early
+            report(i, early)
         else:
             specs[i] = spec
     build_workers = cfg.resolved_build_workers(device)
@@ -247,12 +261,20 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None) -> list[EvalResult]:
     ref_futs = {}
 
     def measure(j, bres):
+        res = _measure_one(j, bres)
+        report(j, res)
+        return res
+
+    def _measure_one(j, bres):
         ref = ref_futs[pairs[j][0]].result()
         if not ref.ok:
             return EvalResult.rejected(ref.reason, ref.log, device=device)
         if bres.reason != "ok":
             return EvalResult.rejected(bres.reason, bres.log, device=device)
-        return _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
+        res = _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
+        if bres.data and bres.data.get("build_s") is not None:
+            res.times["prebuild_s"] = round(bres.data["build_s"], 3)
+        return res
 
     try:
         with ThreadPoolExecutor(max_workers=build_workers) as bpool, ThreadPoolExecutor(

@@ -81,8 +81,17 @@ def chain_results(reward_cache):
     # Also: the fast candidate as a model completion, and as a CUDA-Agent workspace.
     pairs.append((CHAIN, "Here is the kernel:\n```python\n" + cpu_candidate("fast") + "```\nDone."))
     pairs.append((CHAIN, CANDS / "cpu_workspace"))
-    results = evaluate_many(pairs, _cfg(reward_cache))
-    return dict(zip(names + ["completion", "workspace"], results))
+    reported = {}
+    results = evaluate_many(pairs, _cfg(reward_cache), on_result=lambda i, r: reported.setdefault(i, r))
+    out = dict(zip(names + ["completion", "workspace"], results))
+    out["_reported"] = [reported.get(i) is results[i] for i in range(len(results))]
+    return out
+
+
+@pytest.mark.slow
+def test_progress_callback_sees_every_result(chain_results):
+    """evaluate_many reports each result once, as it is known (training and benchmarks show progress)."""
+    assert chain_results["_reported"] and all(chain_results["_reported"])
 
 
 @pytest.fixture(scope="module")
