@@ -454,7 +454,7 @@ def main() -> None:
             done.append(round(time.perf_counter() - t0, 1))
             rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1], "finished_at_s": list(done)}
             print(f"[{style} overlapped {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
-                  + " ".join(f"{k2} {res.times.get(k2)}" for k2 in ("prebuild_s", "setup_s", "locked_s")), flush=True)
+                  + " ".join(f"{k2} {res.times.get(k2)}" for k2 in ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")), flush=True)
             if len(done) % 8 == 0:
                 save()
 
@@ -462,7 +462,7 @@ def main() -> None:
         overlapped_s = time.perf_counter() - t0
         rec.update(count=len(results), overlapped_s=round(overlapped_s, 1), evals_per_min=_rate(len(results), overlapped_s),
                    rewards=_summary(results),
-                   **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in ("prebuild_s", "setup_s", "locked_s")})
+                   **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")})
         print(f"[{style} overlapped] {len(results)} in {overlapped_s:.0f} s: {rec['rewards']}", flush=True)
         if k == 0:
             out["evals_per_min"] = rec["evals_per_min"]

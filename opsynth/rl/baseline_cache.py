@@ -30,7 +30,7 @@ def cache_key(cfg, task_code: str, device: str) -> str:
         hashlib.sha256(task_code.encode()).hexdigest(),
         _device_name(device),
         torch.__version__,
-        f"w{warm}r{reps}l2{int(cfg.flush_l2)}t{cfg.cpu_threads}c{int(cfg.compile_baseline)}",
+        f"w{warm}r{reps}l2{int(cfg.flush_l2)}t{cfg.resolved_cpu_threads(device)}c{int(cfg.compile_baseline)}",
     ]
     return "|".join(parts)
 

@@ -33,7 +33,8 @@ class RewardConfig:
     repeats: int | None = None  # None: 30 on cuda, 10 on cpu
     flush_l2: bool = True  # cuda only: overwrite a 256 MiB buffer between timed calls
     compile_baseline: bool = True  # also time torch.compile(Model) for reward 3
-    cpu_threads: int | None = None  # torch.set_num_threads in both children (None: torch's default)
+    cpu_threads: int | None = None  # torch.set_num_threads in both children (None: torch's default on
+    # cpu; 2 on cuda, where forward runs on the GPU and a dozen children share the cores with compilers)
     static_check: bool = True  # quick AST/source pre-check before anything runs
     cache_dir: str | None = None  # None: default_cache_dir()
     shared_pch: bool = True  # precompile torch/extension.h once per flag set for all builds (gcc; opsynth.rl.pch)
@@ -72,6 +73,11 @@ class RewardConfig:
         if self.measure_workers:
             return self.measure_workers
         return max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1
+
+    def resolved_cpu_threads(self, device: str) -> int | None:
+        if self.cpu_threads:
+            return self.cpu_threads
+        return 2 if device == "cuda" else None
 
     def timing(self, device: str) -> tuple[int, int]:
         warm = self.warmup if self.warmup is not None else (10 if device == "cuda" else 3)

@@ -69,7 +69,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         "compile_baseline": cfg.compile_baseline,
         "timing": list(cfg.timing(device)),
         "flush_l2": cfg.flush_l2,
-        "cpu_threads": cfg.cpu_threads,
+        "cpu_threads": cfg.resolved_cpu_threads(device),
         "memory_limit_gb": cfg.memory_limit_gb,
         "data_path": str(scratch / "data.pt"),
         "init_path": str(scratch / "init.pt"),
@@ -114,7 +114,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
         "device": device,
         "cache_dir": str(cfg.resolved_cache_dir()),
         "shared_pch": cfg.shared_pch,
-        "cpu_threads": cfg.cpu_threads,
+        "cpu_threads": cfg.resolved_cpu_threads(device),
         "memory_limit_gb": cfg.memory_limit_gb,
         "result_path": str(scratch / f"cand_{mode}.json"),
         "device_lock": str(cfg.resolved_cache_dir() / "device.lock"),
@@ -139,6 +139,7 @@ def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
     from opsynth.rl.sandbox import run_child
 
     job = _candidate_job(spec, None, cfg, device, scratch, "build")
+    job["cpu_threads"] = 1  # it only compiles: no torch thread pools to spin next to the compilers
     return run_child("opsynth.rl.candidate_runner", job, scratch, cfg.build_timeout_s, cfg)
 
 
@@ -153,6 +154,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     log = (build_log + "\n" + res.log).strip()
     if res.reason != "ok":
         return EvalResult.rejected(res.reason, log, times, device)
+    times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
     times["candidate_ms"] = res.data.get("candidate_ms")
     times["build_s"] = res.data.get("build_s")
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
@@ -273,7 +275,8 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
             return EvalResult.rejected(bres.reason, bres.log, device=device)
         res = _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
         if bres.data and bres.data.get("build_s") is not None:
-            res.times["prebuild_s"] = round(bres.data["build_s"], 3)
+            res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # compiling, inside the build child
+            res.times["prebuild_wall_s"] = round(bres.wall_s, 3)  # the whole build child, start to exit
         return res
 
     try:

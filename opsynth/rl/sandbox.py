@@ -82,7 +82,7 @@ def run_child(module: str, job: dict, scratch: Path, timeout_s: float, cfg, stdi
             stdin=subprocess.PIPE if stdin_bytes is not None else subprocess.DEVNULL,
             stdout=log_f,
             stderr=subprocess.STDOUT,
-            env=child_env(cache_dir, cfg.cpu_threads),
+            env=child_env(cache_dir, job.get("cpu_threads", cfg.cpu_threads)),
             start_new_session=True,  # its own process group, so a timeout kills builds it spawned too
         )
         feeder = None
