@@ -86,8 +86,13 @@ class RewardConfig:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "RewardConfig":
+        """From a plain mapping (a Hydra node as a dict); unknown keys are an error, so a typo in
+        YAML or on the command line does not pass silently."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+        unknown = sorted(set(d or {}) - names)
+        if unknown:
+            raise ValueError(f"unknown RewardConfig keys: {unknown} (valid: {sorted(names)})")
+        return cls(**dict(d or {}))
 
 
 @dataclass

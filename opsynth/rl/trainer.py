@@ -50,7 +50,7 @@ class TrainSettings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # GRPOConfig keyword arguments; `steps` is accepted for `max_steps`.
     trainer: dict[str, Any] = field(default_factory=dict)
-    reward_workers: int = 4  # candidate builds in parallel per process
+    reward_workers: int | None = None  # candidate builds in parallel per process (None: RewardConfig's default)
     reward_env: dict[str, Any] = field(default_factory=dict)  # RewardConfig fields, if any
 
     @classmethod
@@ -93,7 +93,8 @@ def reward_env_config(settings: TrainSettings):
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(RewardConfig)})
     if unknown:
         raise ValueError(f"RewardConfig has no field(s) {unknown}")
-    values.setdefault("build_workers", settings.reward_workers)
+    if settings.reward_workers:
+        values.setdefault("build_workers", settings.reward_workers)
     return RewardConfig(**values)
 
 

@@ -144,3 +144,29 @@ def test_second_shape_rewrites_batch_size_only():
     new = with_second_shape(src)
     assert "batch_size = 65" in new and "dim = 8192" in new
     assert with_second_shape("x = 1\n") is None
+
+
+# ---- settings ----------------------------------------------------------------------------------------
+
+def test_reward_config_rejects_unknown_keys():
+    """A typo in conf/evaluate.yaml's reward block (or reward_env in training) must not pass silently."""
+    assert RewardConfig.from_dict({"measure_workers": 3}).measure_workers == 3
+    with pytest.raises(ValueError, match="unknown RewardConfig keys: \\['timeout_s'\\]"):
+        RewardConfig.from_dict({"timeout_s": 120})
+
+
+def test_per_device_defaults_leave_cores_to_the_compilers(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    cfg = RewardConfig()
+    assert cfg.resolved_build_workers("cuda") == 16 and cfg.resolved_measure_workers("cuda") == 8
+    assert cfg.resolved_build_workers("cpu") == 8 and cfg.resolved_measure_workers("cpu") == 1
+    assert cfg.resolved_cpu_threads("cuda") == 2 and cfg.resolved_cpu_threads("cpu") is None
+    assert RewardConfig(cpu_threads=4, measure_workers=2).resolved_cpu_threads("cuda") == 4
+
+
+def test_training_keeps_the_rewards_build_workers_unless_told():
+    from opsynth.rl.trainer import TrainSettings, reward_env_config
+
+    assert reward_env_config(TrainSettings(shards=".")).build_workers is None
+    assert reward_env_config(TrainSettings(shards=".", reward_workers=3)).build_workers == 3
+    assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"build_workers": 5})).build_workers == 5
