@@ -460,7 +460,7 @@ def main() -> None:
             rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1], "finished_at_s": list(done)}
             print(f"[{style} overlapped {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
                   + " ".join(f"{k2} {res.times.get(k2)}" for k2 in ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")), flush=True)
-            if len(done) % 8 == 0:
+            if len(done) % 4 == 0:
                 save()
 
         results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg, on_result=progress)
