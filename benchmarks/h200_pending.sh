@@ -13,10 +13,11 @@ STAGE=${1:-reward}   # reward | throughput | both (throughput, then reward's GPU
 if [ "$STAGE" = all ] || [ "$STAGE" = throughput ] || [ "$STAGE" = both ]; then
 # Reward evaluations per minute, overlapped vs one at a time. Light: the layout the policy brief asks
 # for (torch-free .cu, C++ wrapper on the shared PCH); heavy: torch headers in the .cu.
-# 2026-12-01: light, 48 candidates: 12.15/min overlapped vs 2.04 one at a time (results/reward_throughput.json).
-# Stage "both" (this, then the GPU tests) fits one call only with the 250 s cap below, which cut the
-# thread-capped rerun off at 13/40; alone, give it ~420 s (--count 48 --baseline-count 3).
-timeout 250 python3 benchmarks/reward_throughput.py --styles light --count 40 --baseline-count 2 --out "$OUT/reward_throughput.json" > "$OUT/reward_throughput.log" 2>&1
+# 2026-12-01: light, 48 candidates, separate build children (--prebuild yes, then the default): 12.15/min
+# overlapped vs 2.04 one at a time (results/reward_throughput.json). Now the default on cuda is one child
+# per candidate (build, then measure, one per core): a run cut off by the device budget saw its first 7
+# results 28-32 s into the batch (results/reward_throughput_h200_noprebuild_cutoff.*). Needs ~300 s.
+timeout 420 python3 benchmarks/reward_throughput.py --styles light --count 48 --baseline-count 3 --out "$OUT/reward_throughput.json" > "$OUT/reward_throughput.log" 2>&1
 tail -40 "$OUT/reward_throughput.log"
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = reward ] || [ "$STAGE" = both ]; then

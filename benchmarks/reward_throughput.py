@@ -374,9 +374,8 @@ def main() -> None:
     ap.add_argument("--baseline-count", type=int, default=4, help="candidates evaluated one at a time, per style")
     ap.add_argument("--build-workers", type=int, default=None, help="default: RewardConfig's (cpu_count on cuda)")
     ap.add_argument("--measure-workers", type=int, default=None)
-    ap.add_argument("--no-prebuild", action="store_true",
-                    help="build inside the measuring child (one start-up per candidate, not two); pair with a "
-                         "larger --measure-workers")
+    ap.add_argument("--prebuild", choices=("auto", "yes", "no"), default="auto",
+                    help="build in separate children before measuring (auto: RewardConfig's default, no on cuda)")
     ap.add_argument("--no-shared-pch", action="store_true", help="build without the shared precompiled torch/extension.h")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temp dir (so every build is real)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reward_throughput.json"))
@@ -395,7 +394,7 @@ def main() -> None:
     cache = args.cache_dir or tempfile.mkdtemp(prefix="reward_bench_")
     cfg = RewardConfig(device=device, cache_dir=cache, build_workers=args.build_workers,
                        measure_workers=args.measure_workers, shared_pch=not args.no_shared_pch,
-                       prebuild=not args.no_prebuild)
+                       prebuild={"auto": None, "yes": True, "no": False}[args.prebuild])
     run_salt = int(time.time()) % 100000 * 1000  # fresh sources even with a reused cache dir
     out = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
@@ -407,7 +406,7 @@ def main() -> None:
         "build_workers": cfg.resolved_build_workers(device),
         "measure_workers": cfg.resolved_measure_workers(device),
         "shared_pch": cfg.shared_pch,
-        "prebuild": cfg.prebuild,
+        "prebuild": cfg.resolved_prebuild(device),
         "tasks": tasks,
         "torch": torch.__version__,
         "python": platform.python_version(),

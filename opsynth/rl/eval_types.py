@@ -42,12 +42,14 @@ class RewardConfig:
     run_timeout_s: float = 300.0
     reference_timeout_s: float = 600.0
     memory_limit_gb: float = 32.0  # RLIMIT_AS on the cpu backend (cuda reserves huge address ranges)
-    prebuild: bool = True  # evaluate_many: build in separate parallel children before measuring
-    build_workers: int | None = None  # evaluate_many: parallel builds (None: cpu_count on cuda, where the
-    # compilers have the cores to themselves; cpu_count // 2 on cpu, where timed runs need some too)
-    measure_workers: int | None = None  # evaluate_many: children in flight on the device (None: cores // 2,
-    # at most 8, on cuda; 1 on cpu); their checked and timed sections hold an exclusive device lock, so
-    # only start-up (seconds: imports, CUDA context, profiler) overlaps
+    prebuild: bool | None = None  # evaluate_many: build in separate parallel children before measuring
+    # (None: on cpu yes, so every build ends before anything is timed; on cuda no: one child per candidate
+    # builds, then measures, which saves a second start-up of torch and the extension per candidate)
+    build_workers: int | None = None  # evaluate_many with prebuild: parallel builds (None: cpu_count on
+    # cuda, where the compilers have the cores to themselves; cpu_count // 2 on cpu)
+    measure_workers: int | None = None  # evaluate_many: children in flight (None: on cuda cpu_count without
+    # prebuild, cores // 2 up to 8 with it; 1 on cpu); their checked and timed sections hold an exclusive
+    # device lock, so only builds and start-up (imports, CUDA context, profiler) overlap
     keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
 
     def resolved_cache_dir(self) -> Path:
@@ -69,10 +71,16 @@ class RewardConfig:
         n = os.cpu_count() or 2
         return n if device == "cuda" else max(1, n // 2)
 
+    def resolved_prebuild(self, device: str) -> bool:
+        return self.prebuild if self.prebuild is not None else device != "cuda"
+
     def resolved_measure_workers(self, device: str) -> int:
         if self.measure_workers:
             return self.measure_workers
-        return max(1, min(8, (os.cpu_count() or 2) // 2)) if device == "cuda" else 1
+        if device != "cuda":
+            return 1
+        n = os.cpu_count() or 2
+        return max(1, min(8, n // 2)) if self.resolved_prebuild(device) else n
 
     def resolved_cpu_threads(self, device: str) -> int | None:
         if self.cpu_threads:

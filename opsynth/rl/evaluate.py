@@ -254,7 +254,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
 
     def build(digest):
         i = by_digest[digest][0]
-        if not cfg.prebuild:  # the measuring child builds inline (one process per candidate)
+        if not cfg.resolved_prebuild(device):  # the measuring child builds inline (one process per candidate)
             from opsynth.rl.sandbox import ChildResult
 
             return digest, ChildResult("ok")

@@ -50,7 +50,7 @@ class TrainSettings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # GRPOConfig keyword arguments; `steps` is accepted for `max_steps`.
     trainer: dict[str, Any] = field(default_factory=dict)
-    reward_workers: int | None = None  # candidate builds in parallel per process (None: RewardConfig's default)
+    reward_workers: int | None = None  # candidates built in parallel per process (None: RewardConfig's default)
     reward_env: dict[str, Any] = field(default_factory=dict)  # RewardConfig fields, if any
 
     @classmethod
@@ -86,7 +86,7 @@ def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
 
 
 def reward_env_config(settings: TrainSettings):
-    """The reward environment's `RewardConfig`; `reward_workers` sets its parallel builds."""
+    """The reward environment's `RewardConfig`; `reward_workers` sets how many candidates build at once."""
     from opsynth.rl.eval_types import RewardConfig
 
     values = dict(settings.reward_env)
@@ -95,7 +95,10 @@ def reward_env_config(settings: TrainSettings):
         raise ValueError(f"RewardConfig has no field(s) {unknown}")
     if settings.reward_workers:
         values.setdefault("build_workers", settings.reward_workers)
-    return RewardConfig(**values)
+    cfg = RewardConfig(**values)
+    if settings.reward_workers and "measure_workers" not in values and not cfg.resolved_prebuild(cfg.resolved_device()):
+        cfg.measure_workers = settings.reward_workers  # without prebuild, candidates build in the measuring children
+    return cfg
 
 
 def resume_checkpoint(settings: TrainSettings) -> str | None:
