@@ -20,7 +20,9 @@ import json
 import os
 import platform
 import sys
+import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -353,9 +355,12 @@ def _summary(res) -> dict:
     return dict(collections.Counter(f"{r.reward}:{r.reason}" for r in res))
 
 
+PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")  # EvalResult.times keys
+
+
 def _median(values) -> float | None:
-    vals = sorted(v for v in values if v is not None)
-    return round(vals[len(vals) // 2], 2) if vals else None
+    vals = [v for v in values if v is not None]
+    return round(statistics.median_high(vals), 2) if vals else None
 
 
 def _rate(n: int, seconds: float) -> float:
@@ -453,20 +458,22 @@ def main() -> None:
         pairs, _ = make_pairs(device, tasks, args.count, run_salt + 100_000 * k, style)
         t0 = time.perf_counter()
         done: list = []
+        lock = threading.Lock()  # results arrive on evaluate_many's worker threads
 
         def progress(_i, res):  # a run cut short still records how far it got, and when
-            done.append(round(time.perf_counter() - t0, 1))
-            rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1], "finished_at_s": list(done)}
-            print(f"[{style} overlapped {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
-                  + " ".join(f"{k2} {res.times.get(k2)}" for k2 in ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")), flush=True)
-            if len(done) % 4 == 0:
-                save()
+            with lock:
+                done.append(round(time.perf_counter() - t0, 1))
+                rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1], "finished_at_s": list(done)}
+                print(f"[{style} overlapped {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
+                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in PHASES), flush=True)
+                if len(done) % 4 == 0:
+                    save()
 
         results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg, on_result=progress)
         overlapped_s = time.perf_counter() - t0
         rec.update(count=len(results), overlapped_s=round(overlapped_s, 1), evals_per_min=_rate(len(results), overlapped_s),
                    rewards=_summary(results),
-                   **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")})
+                   **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in PHASES})
         print(f"[{style} overlapped] {len(results)} in {overlapped_s:.0f} s: {rec['rewards']}", flush=True)
         if k == 0:
             out["evals_per_min"] = rec["evals_per_min"]

@@ -7,8 +7,9 @@ Flow of one evaluation (every untrusted step in its own child process, with time
 2. reference child: builds Model, draws fresh inputs from seeds chosen here, saves its weights,
    inputs and outputs to a scratch dir, and times eager and torch.compile (cached per task, device,
    torch version); the parent loads the outputs and deletes the file before any candidate runs;
-3. candidate child, build phase (CPU; parallel in `evaluate_many`): runs the module top level, which
-   compiles its extensions into a content-addressed cache;
+3. candidate child, build phase (CPU; in `evaluate_many` on cpu, a separate child per candidate, in
+   parallel; otherwise inside the measuring child): runs the module top level, which compiles its
+   extensions into a content-addressed cache;
 4. candidate child, measure phase (serialised on the device): runs ModelNew under the guards,
    saves its outputs, times it;
 5. the parent compares outputs with the reference and applies the reward rule.
@@ -217,15 +218,13 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
     `on_result(index, result)`, when given, is called (from a worker thread) as each result is known,
     for progress reporting; an exception it raises is ignored.
 
-    (On the cpu backend, where both would compete for the same cores, builds finish first.)
-
-    Builds run in `build_workers` children at once (CPU); references (one per distinct task) and
-    measurements run in `measure_workers` children, whose device-sensitive sections (checked calls
-    and timing) take an exclusive lock on the device, so timings never overlap each other while the
-    next child's start-up (imports, CUDA context, loading the built extension) does.
+    References (one per distinct task) and candidates run in `measure_workers` children, whose
+    device-sensitive sections (checked calls and timing) take an exclusive lock on the device, so
+    timings never overlap each other while other children's builds and start-up (imports, CUDA
+    context, loading the extension) do. With `prebuild` (the cpu default, where builds and timings
+    would compete for the same cores) candidates first build in `build_workers` separate children,
+    and all builds finish before anything is timed; on cuda each candidate's one child builds inline.
     """
-    import os
-
     cfg = cfg or RewardConfig()
     device = cfg.resolved_device()
     pairs = list(pairs)

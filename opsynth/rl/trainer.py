@@ -90,12 +90,9 @@ def reward_env_config(settings: TrainSettings):
     from opsynth.rl.eval_types import RewardConfig
 
     values = dict(settings.reward_env)
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(RewardConfig)})
-    if unknown:
-        raise ValueError(f"RewardConfig has no field(s) {unknown}")
     if settings.reward_workers:
         values.setdefault("build_workers", settings.reward_workers)
-    cfg = RewardConfig(**values)
+    cfg = RewardConfig.from_dict(values)  # unknown keys are an error
     if settings.reward_workers and "measure_workers" not in values and not cfg.resolved_prebuild(cfg.resolved_device()):
         cfg.measure_workers = settings.reward_workers  # without prebuild, candidates build in the measuring children
     return cfg
