@@ -8,9 +8,18 @@ the scheduler. That is what makes a killed run resumable to exactly the rows of 
 one: `.opsynth-state.json` records the next candidate to commit whenever the shards are flushed,
 and a rerun starts there, with the within-run dedup state rebuilt from the rows already written.
 
+Sizes come before verification and never from a clock: `opsynth.verify.sizing` picks each
+candidate's `batch_size` from its seed and a cost model (FLOPs and bytes counted on meta tensors,
+at fixed reference rates); the verifier's timing only accepts or rejects. So the same seed and
+settings give the same task code on every run, however loaded the machine.
+
 The KernelBench check runs on the worker *before* verification: it costs milliseconds against
-seconds of eager and compiled runs, and calibration only rescales `batch_size`, which the
-similarity measure abstracts away, so checking the uncalibrated source gives the same answer.
+seconds of eager and compiled runs.
+
+The state file also carries the *row ledger* (seed and task_id of every committed row) and the
+shard files written; a rerun checks the folder against them first (`opsynth.shards.integrity`), so
+a deleted or damaged shard is reported by name and refused, or, with `repair=true`, exactly its
+missing seeds are regenerated.
 """
 
 from __future__ import annotations
@@ -61,6 +70,9 @@ class GenerateConfig:
     repo_id: str | None = None  # named in the dataset card's loading example
     progress: bool = True
     write_card: bool = True
+    # A folder whose shards lost rows the state file lists (a shard deleted, truncated, unreadable)
+    # is refused; repair=true regenerates exactly the missing seeds and sets damaged files aside.
+    repair: bool = False
 
     def validate(self) -> None:
         if self.n_tasks < 1:
@@ -75,6 +87,11 @@ class GenerateConfig:
 
 def candidate_seed(seed: int, index: int) -> int:
     return seed * SEED_STRIDE + index
+
+
+class DatasetFolderError(RuntimeError):
+    """The output folder is not what its state file says (a shard deleted, truncated or unreadable,
+    an unreadable state file); the one-line message names the file and what to do."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +162,7 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 vcfg.cuda_devices = [gpu]
             if not vcfg.n_workers:
                 vcfg.n_workers = _worker_threads()
-            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg))
+            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg), verify_cfg=vcfg)
             if not _CTX.get("atexit"):
                 import atexit
 
@@ -206,8 +223,17 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
     except SamplingError as e:
         rec.update(reason="sampling_failed", evidence=str(e))
         return rec
-    src = render_task(st.graph, ctx["catalog"])
-    rec["signature"] = st.graph.signature()
+    from opsynth.graph.cost import with_batch
+    from opsynth.verify.sizing import choose_batch
+
+    size = choose_batch(st.graph, ctx["catalog"], seed, ctx["verify_cfg"], ctx["pool"].device)
+    rec["signature"] = st.graph.signature()  # sizes are not part of it
+    if size.reason:
+        rec.update(reason=size.reason, evidence=size.evidence())
+        return rec
+    graph = with_batch(st.graph, size.batch)
+    rec["predicted_ms"] = size.predicted_ms
+    src = render_task(graph, ctx["catalog"])
     kb_row = {"kb_max_similarity": None, "kb_nearest": None}
     if ctx["kb"] is not None:
         m = ctx["kb"].check(src)
@@ -227,7 +253,7 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
         "data_source": st.data_source,
         "task_id": task_id(res.source),
         "num_ops": st.num_ops,
-        "graph": st.graph.to_json(),
+        "graph": graph.to_json(),
         "input_shapes": json.dumps(_input_shapes(res.source)),
         "eager_ms": float(res.eager_ms),
         "compile_ms": float(res.compile_ms) if res.compile_ms is not None else float("nan"),
@@ -238,6 +264,15 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
     }
     rec["calib_steps"] = res.calib_steps
     return rec
+
+
+def measure_peaks(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool = True) -> dict:
+    """The verifying device's peak rates, measured by one of this worker's verify sandboxes (once
+    per run; recorded, never used for sizes), with the cost model's reference rates for it."""
+    ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
+    pool = ctx["pool"]
+    return {"kind": pool.device, "measured": pool.measure_peaks(),
+            "reference": ctx["verify_cfg"].rates(pool.device).to_dict()}
 
 
 def _short(evidence) -> Any:
@@ -284,7 +319,36 @@ def _load_state(out: Path) -> dict:
     try:
         return json.loads(p.read_text())
     except ValueError as e:
-        raise RuntimeError(f"{p} is unreadable ({e}); delete it to restart the run from the shards") from e
+        raise DatasetFolderError(f"{p} is unreadable ({e}); delete it to restart the run from the shards") from e
+
+
+def _ledger(state: dict) -> list[tuple[int, str]] | None:
+    """The state's row ledger as (seed, task_id) pairs; None for a state without one."""
+    if "ledger" not in state:
+        return None
+    out = []
+    for entry in state["ledger"]:
+        seed, _, tid = str(entry).partition(":")
+        out.append((int(seed), tid))
+    return out
+
+
+def _state_record(committer, stats, writer, finished: bool = False) -> dict:
+    """Everything the state file holds: where to resume, the counts, the row ledger (one
+    "seed:task_id" per row, in row order) and the shards as written (to name a deleted one)."""
+    import pyarrow.parquet as pq
+
+    from opsynth.shards import list_shards
+
+    committer.summarise_cost_model()
+    shards = [{"name": sh.path.name, "rows": pq.ParquetFile(sh.path).metadata.num_rows}
+              for sh in list_shards(writer.output_dir)]
+    rec = {"next_index": committer.next_index, "stats": stats.to_dict(), "examples": committer.examples,
+           "ledger": [f"{seed}:{tid}" for seed, tid in committer.ledger], "shards": shards,
+           "eager_over_predicted": committer.ratios}
+    if finished:
+        rec["finished"] = True
+    return rec
 
 
 def _save_state(out: Path, state: dict) -> None:
@@ -309,15 +373,47 @@ class _Committer:
         # Exact duplicates by graph signature and near-duplicates by MinHash-LSH, rebuilt from the
         # rows already written so that a resumed run decides exactly as an uninterrupted one.
         self.neardup = NearDupIndex.from_config(cfg.dedup)
-        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph"]):
+        on_disk = []
+        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed"]):
             self.neardup.add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
+            on_disk.append((int(row["seed"]), row["task_id"]))
         self.next_index = int(state.get("next_index", 0))
         self.examples: list[dict] = list(state.get("examples", []))
         self.calib_steps: list[int] = []
+        # The row ledger: (seed, task_id) of every row, in row order. The state's, or for rows found
+        # without a state file, theirs; rows on disk past the state's ledger (written just before a
+        # crash) join it when their candidate is committed again.
+        ledger = _ledger(state)
+        self.ledger: list[tuple[int, str]] = ledger if ledger is not None else on_disk
+        self.ratios: list[float] = [float(r) for r in state.get("eager_over_predicted", [])]
+        known = {tid for _, tid in self.ledger}
+        self.ahead = {tid for _, tid in on_disk if tid not in known}
+        # The last candidate that wrote one of those rows: the run commits at least up to it.
+        self.ahead_until = max((seed - cfg.seed * SEED_STRIDE for seed, tid in on_disk if tid in self.ahead),
+                               default=-1)
+
+    @property
+    def rows(self) -> int:
+        """Rows committed (the ledger's length); rows on disk ahead of the state are not among them."""
+        return len(self.ledger)
+
+    def wants_more(self, n_tasks: int) -> bool:
+        return self.rows < n_tasks or self.next_index <= self.ahead_until
+
+    def adopt_leftovers(self) -> None:
+        """Rows on disk ahead of the state whose candidates did not give them again: keep them, as
+        rows no counted candidate made (rare: settings changed between the runs)."""
+        if not self.ahead:
+            return
+        log.warning("%d row(s) on disk were not reproduced by their candidates; kept as found", len(self.ahead))
+        for row in _rows_with_ids(self.cfg.output_dir, self.ahead):
+            self.ledger.append((int(row["seed"]), row["task_id"]))
+        self.stats.adopted_rows += len(self.ahead)
+        self.ahead = set()
 
     def commit(self, rec: dict) -> None:
         row = rec.get("row")
-        if rec["accepted"] and row["task_id"] in self.writer:
+        if rec["accepted"] and row["task_id"] in self.ahead:
             # Written before a crash that came ahead of the state save (a full shard is written
             # as soon as it fills): count it as the uninterrupted run did, but do not write it again.
             self._count_accepted(rec, row)
@@ -339,7 +435,22 @@ class _Committer:
         self.writer.write(row)
         self._count_accepted(rec, row)
 
+    def summarise_cost_model(self) -> None:
+        """Measured eager time over the cost model's prediction, over the accepted rows."""
+        import statistics
+
+        r = sorted(self.ratios)
+        if not r:
+            return
+        q = lambda p: r[min(len(r) - 1, int(p * len(r)))]  # noqa: E731
+        self.stats.cost_model = {"rows": len(r), "eager_over_predicted_median": statistics.median(r),
+                                 "p10": q(0.1), "p90": q(0.9)}
+
     def _count_accepted(self, rec: dict, row: dict) -> None:
+        self.ledger.append((int(row["seed"]), row["task_id"]))
+        self.ahead.discard(row["task_id"])
+        if rec.get("predicted_ms"):
+            self.ratios.append(round(row["eager_ms"] / rec["predicted_ms"], 4))
         self.stats.accept()
         for op in row["ops"]:
             self.stats.categories.setdefault(op, "")
@@ -348,6 +459,12 @@ class _Committer:
         if not self.stats.versions.get("torch") and row["torch_version"]:
             self.stats.versions["torch"] = row["torch_version"]
         self.stats.device = row["device"] or self.stats.device
+
+
+def _rows_with_ids(output_dir, ids: set[str]) -> list[dict]:
+    from opsynth.shards import iter_rows
+
+    return [r for r in iter_rows(output_dir, columns=["seed", "task_id"]) if r["task_id"] in ids]
 
 
 def _describe_run(stats, cfg: GenerateConfig) -> None:
@@ -394,27 +511,34 @@ def run(cfg: GenerateConfig) -> dict:
     state = _load_state(out)
     catalog = load_catalog()
     t_start = time.monotonic()
+    state = _check_folder(cfg, out, state)
     writer = ShardWriter(out, rows_per_shard=cfg.rows_per_shard, row_group_size=cfg.row_group_size)
     try:
         stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
         prior_wall = stats.wall_time_s
-        complete = writer.num_rows >= cfg.n_tasks
+        rows_at_start = writer.num_rows
+        if "stats" not in state:  # shards without a state file: rows no counted run made
+            stats.adopted_rows = rows_at_start
+        committer = _Committer(cfg, writer, stats, state)
+        complete = not committer.wants_more(cfg.n_tasks)
         if not (complete and "stats" in state):  # a finished run's record stays as it was made
             _describe_run(stats, cfg)
-        if "stats" not in state:  # shards without a state file: count them as resumed rows
-            stats.resumed_rows = writer.num_rows
-        committer = _Committer(cfg, writer, stats, state)
         if complete:
             log.info("%s already holds %d rows (n_tasks=%d): nothing to generate", out, writer.num_rows, cfg.n_tasks)
         else:
+            stats.runs += 1
+            stats.resumed_rows = rows_at_start  # counted in the files, not carried over
             _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress)
-            stats.wall_time_s = prior_wall + (time.monotonic() - t_start)  # a no-op rerun adds no time
+            committer.adopt_leftovers()
+            stats.run_wall_time_s = time.monotonic() - t_start
+            stats.wall_time_s = prior_wall + stats.run_wall_time_s  # a no-op rerun adds no time
+            stats.run_added_rows = writer.num_rows - rows_at_start
         for op in list(stats.categories):
             stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
         files = writer.finalize()
         total_rows = writer.num_rows
-        _save_state(out, {"next_index": committer.next_index, "stats": stats.to_dict(),
-                          "examples": committer.examples, "finished": True})
+        _check_counts(out, stats, committer, total_rows)
+        _save_state(out, _state_record(committer, stats, writer, finished=True))
     finally:
         writer.close()
     summary = stats.to_dict()
@@ -429,6 +553,129 @@ def run(cfg: GenerateConfig) -> dict:
         if total_rows:  # a dataset card describes data; with no rows the report says why
             write_card(out, stats, repo_id=cfg.repo_id)
     return summary
+
+
+def _record_peaks(future, stats) -> None:
+    """Record the device's measured rates next to the reference rates sizes were chosen with, and
+    say so when the two are far apart (sizes then aim at another device's speed)."""
+    try:
+        got = future.result()
+    except Exception as e:  # noqa: BLE001 - cancelled, or the measurement failed: nothing to record
+        log.info("the device's peak rates were not measured: %s", e)
+        return
+    stats.measured_peaks = got["measured"]
+    stats.reference_rates = {"device_kind": got["kind"], **got["reference"]}
+    m, r = got["measured"], got["reference"]
+    far = {k: m[k] / r[k] for k in ("tflops", "gbps") if r.get(k) and m.get(k) and not 1 / 3 <= m[k] / r[k] <= 3}
+    if far:
+        prefix = "" if got["kind"] == "cuda" else "cpu_"
+        fix = " ".join(f"verify.{prefix}cost_{k}={m[k]:.3g}" for k in ("tflops", "gbps"))
+        log.warning("%s measured %s, the cost model's reference rates are %s: sizes aim at another device's speed; "
+                    "to aim at this one pass %s (sizes, hence rows, then differ from runs with the reference)",
+                    m.get("device"), {k: round(m[k], 3) for k in ("tflops", "gbps")},
+                    {k: r[k] for k in ("tflops", "gbps")}, fix)
+
+
+def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
+    """The counts the state, summary and card print must be the rows in the files."""
+    from opsynth.shards import count_rows
+
+    on_disk = count_rows(out)
+    counted = stats.accepted + stats.adopted_rows
+    if not (on_disk == total_rows == len(committer.ledger) == counted):
+        raise DatasetFolderError(f"{out}: the files hold {on_disk} rows but the run counted {counted} "
+                                 f"({stats.accepted} accepted + {stats.adopted_rows} found without a state) and its "
+                                 f"ledger lists {len(committer.ledger)}; this is a bug, please report it")
+
+
+def _check_folder(cfg: GenerateConfig, out: Path, state: dict) -> dict:
+    """Refuse, or with `repair=true` repair, a folder whose shards lost rows (returns the state)."""
+    from opsynth.shards.integrity import check_folder
+
+    check = check_folder(out, ledger=_ledger(state), shards=state.get("shards"))
+    if check.ok:
+        return state
+    line = check.summary(out)
+    if not cfg.repair:
+        raise DatasetFolderError(f"{line}. Rerun with repair=true to regenerate exactly the missing seeds "
+                                 "(damaged files are moved to .opsynth-damaged/), or use another output_dir")
+    log.warning("%s; repairing (repair=true)", line)
+    return _repair(cfg, out, state, check)
+
+
+def _repair(cfg: GenerateConfig, out: Path, state: dict, check) -> dict:
+    """Set damaged shards aside, regenerate exactly the ledger's missing seeds, and rewrite the
+    shards in ledger order. A seed that no longer gives its row (other settings, or a task whose
+    acceptance is at the edge of the band) is reported and counted as `unreproduced`; the run then
+    generates on to n_tasks as usual."""
+    from opsynth.shards import RunStats
+    from opsynth.shards.integrity import read_rows_of, rewrite_shards, set_aside
+
+    for issue in check.issues:
+        if issue.problem != "missing":
+            log.warning("moved %s aside to %s", issue.name, set_aside(out, issue.name))
+    present = [row for path in check.readable for row in read_rows_of(path)]
+    ledger = _ledger(state)
+    stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
+    if ledger is None:  # no way to tell which seeds were lost: keep what reads, as rows of no run
+        log.warning("%s: the state file has no row ledger; keeping the %d readable rows", out, len(present))
+        rewrite_shards(out, present, cfg.rows_per_shard, cfg.row_group_size)
+        return {}
+    restored = _regenerate(cfg, check.missing)
+    lost = [(seed, tid) for seed, tid in check.missing if tid not in restored]
+    by_id = {r["task_id"]: r for r in present}
+    by_id.update(restored)
+    in_ledger = {tid for _, tid in ledger}
+    rows = [by_id[tid] for _, tid in ledger if tid in by_id]
+    rows += [r for r in present if r["task_id"] not in in_ledger]  # written just before a crash
+    rewrite_shards(out, rows, cfg.rows_per_shard, cfg.row_group_size)
+    if lost:
+        log.warning("%s: %d seed(s) did not give their row again and are dropped: %s", out, len(lost),
+                    ", ".join(str(seed) for seed, _ in lost[:20]))
+        stats.accepted -= len(lost)
+        stats.reject("unreproduced", len(lost))
+    stats.repaired_rows += len(restored)
+    stats.unreproduced_rows += len(lost)
+    state = {**state, "stats": stats.to_dict(),
+             "ledger": [f"{seed}:{tid}" for seed, tid in ledger if tid in by_id], "shards": []}
+    _save_state(out, state)
+    log.info("%s: repaired: %d row(s) regenerated, %d dropped, %d rows in the folder", out, len(restored),
+             len(lost), len(rows))
+    return state
+
+
+def _regenerate(cfg: GenerateConfig, missing: list[tuple[int, str]]) -> dict[str, dict]:
+    """Run the missing seeds' candidates again (on a cluster of their own); task_id -> row for each
+    one that gives back the row with the same task_id."""
+    if not missing:
+        return {}
+    handle = start_cluster(cfg.cluster)
+    try:
+        sampler_cfg, verify_cfg, dedup_cfg = _plain(cfg.sampler), _plain(cfg.verify), _plain(cfg.dedup)
+        submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
+        futures = {}
+        for seed, tid in missing:
+            index = seed - cfg.seed * SEED_STRIDE
+            if index < 0:
+                log.warning("seed %d is not a candidate of seed=%d; it cannot be regenerated", seed, cfg.seed)
+                continue
+            futures[tid] = handle.client.submit(process_candidate, index, seed, sampler_cfg, verify_cfg, dedup_cfg,
+                                                cfg.kb_check, key=f"repair-{cfg.seed}-{index}", pure=False, **submit_kw)
+        out = {}
+        for tid, f in futures.items():
+            try:
+                rec = f.result()
+            except Exception as e:  # noqa: BLE001 - a lost worker: that seed stays missing
+                log.warning("regenerating task %s failed: %s", tid, e)
+                continue
+            if rec["accepted"] and rec["row"]["task_id"] == tid:
+                out[tid] = rec["row"]
+            else:
+                log.warning("seed %d gave %s this time", rec["seed"],
+                            f"another task ({rec['row']['task_id']})" if rec["accepted"] else f"a rejection ({rec['reason']})")
+        return out
+    finally:
+        handle.close()
 
 
 def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
@@ -447,7 +694,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     ac = as_completed()
 
     def target_in_flight() -> int:
-        remaining = cfg.n_tasks - writer.num_rows
+        remaining = max(cfg.n_tasks - committer.rows, 1)
         committed = stats.accepted + stats.num_rejected
         rate = (stats.accepted + 1) / (committed + 3)  # smoothed acceptance rate
         need = math.ceil(remaining / rate * 1.2) - len(done)
@@ -465,15 +712,18 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
 
     def save() -> None:
         writer.flush()
-        stats.wall_time_s = prior_wall + (time.monotonic() - t_start)
-        _save_state(out, {"next_index": committer.next_index, "stats": stats.to_dict(),
-                          "examples": committer.examples})
+        stats.run_wall_time_s = time.monotonic() - t_start
+        stats.wall_time_s = prior_wall + stats.run_wall_time_s
+        _save_state(out, _state_record(committer, stats, writer))
 
-    progress = RunProgress(stats, total=cfg.n_tasks, disable=not cfg.progress)
+    peaks = client.submit(measure_peaks, sampler_cfg, verify_cfg, dedup_cfg, cfg.kb_check,
+                          key=f"peaks-{cfg.seed}-{committer.next_index}", pure=False, **submit_kw)
+    peaks.add_done_callback(lambda f: _record_peaks(f, stats))
+    progress = RunProgress(stats, total=cfg.n_tasks, disable=not cfg.progress, rows=lambda: writer.num_rows)
     start_index = committer.next_index
     try:
         top_up()
-        while writer.num_rows < cfg.n_tasks and inflight:
+        while committer.wants_more(cfg.n_tasks) and inflight:
             f = next(ac)
             i = next(k for k, v in inflight.items() if v is f)
             del inflight[i]
@@ -486,22 +736,23 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                 rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
                        "evidence": str(e)[:500]}
             done[i] = rec
-            while committer.next_index in done and writer.num_rows < cfg.n_tasks:
+            while committer.next_index in done and committer.wants_more(cfg.n_tasks):
                 committer.commit(done.pop(committer.next_index))
                 committer.next_index += 1
                 progress.update()
                 if writer.num_rows - flushed_at >= cfg.flush_every:
                     save()
                     flushed_at = writer.num_rows
-            if writer.num_rows < cfg.n_tasks:
+            if committer.wants_more(cfg.n_tasks):
                 top_up()
-        if writer.num_rows < cfg.n_tasks:
+        if committer.rows < cfg.n_tasks:
             log.warning("stopped after %d candidates (%d in this run) with %d/%d rows: max_candidates=%d reached",
-                        committer.next_index, committer.next_index - start_index, writer.num_rows, cfg.n_tasks,
+                        committer.next_index, committer.next_index - start_index, committer.rows, cfg.n_tasks,
                         max_candidates)
     finally:
         progress.close()
-        if inflight:
-            client.cancel(list(inflight.values()), force=True)
+        pending = list(inflight.values()) + ([] if peaks.done() else [peaks])
+        if pending:
+            client.cancel(pending, force=True)
         save()
         handle.close()

@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from opsynth.config import generate_config
-from opsynth.pipeline import run
+from opsynth.pipeline import DatasetFolderError, run
 
 
 @hydra.main(config_path="../conf", config_name="generate", version_base=None)
@@ -32,7 +32,11 @@ def main(cfg: DictConfig) -> None:
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         print(f"error: invalid configuration: {e}", file=sys.stderr)
         sys.exit(2)
-    summary = run(gen_cfg)
+    try:
+        summary = run(gen_cfg)
+    except DatasetFolderError as e:  # a damaged output folder: say which file, without a traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     keep = ("n_tasks", "accepted", "num_rejected", "acceptance_rate", "candidates_per_minute", "wall_time_s",
             "device", "rejected")
     print(json.dumps({k: summary.get(k) for k in keep}, default=str))

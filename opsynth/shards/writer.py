@@ -65,8 +65,9 @@ def final_name(index: int, total: int) -> str:
     return f"{SPLIT}-{index:05d}-of-{total:05d}.parquet"
 
 
-def _scan(data_dir: Path) -> tuple[list[ShardFile], list[Path]]:
-    """Return (the shard to read for each index, stale files shadowed by a newer version)."""
+def group_shards(data_dir: Path) -> tuple[list[ShardFile], list[Path]]:
+    """(the shard to read for each index present, in index order; stale files shadowed by a newer
+    version of the same index). Indices may have gaps; `_scan` refuses those."""
     by_index: dict[int, list[ShardFile]] = {}
     if not data_dir.is_dir():
         return [], []
@@ -92,6 +93,12 @@ def _scan(data_dir: Path) -> tuple[list[ShardFile], list[Path]]:
             stale.extend(s.path for s in finals)
         else:
             shards.append(finals[0])
+    return shards, stale
+
+
+def _scan(data_dir: Path) -> tuple[list[ShardFile], list[Path]]:
+    """Return (the shard to read for each index, stale files shadowed by a newer version)."""
+    shards, stale = group_shards(data_dir)
     expected = list(range(len(shards)))
     if [s.index for s in shards] != expected:
         missing = sorted(set(expected) - {s.index for s in shards}) or [len(shards)]

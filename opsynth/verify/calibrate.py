@@ -1,64 +1,25 @@
-"""Runtime calibration: move a task's eager runtime into the band by rescaling ``batch_size``.
+"""Timing calibration (``VerifyConfig.calibrate``, off by default): move a task's eager runtime
+into the band by rescaling ``batch_size`` from measured runtimes.
 
-The task contract (docs/INTERFACES.md) makes ``batch_size`` the leading dimension of every input
-and keeps it out of ``get_init_inputs()``, so runtime is close to linear in it once the task is
-large enough to fill the device, and weights do not change with it. Calibration therefore only
-rewrites that one module-level constant, located with ``ast`` and spliced into the original text
-so the rest of the file (formatting, comments) is untouched.
+Sizes found this way follow the noise of the timings they were read from, so rows made with it are
+not reproducible; the generate pipeline sizes tasks before verification with the cost model
+(:mod:`opsynth.verify.sizing`) instead. This remains for sources without an op graph (a
+KernelBench problem, a hand-written task). The resize rule itself is the task contract's
+(:mod:`opsynth.render.contract`): runtime is close to linear in ``batch_size`` once the task fills
+the device, and weights do not change with it.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import math
 import random
 
+from opsynth.render.contract import read_batch_size, set_batch_size
+
 from .config import VerifyConfig
 
-
-def _batch_size_node(source: str) -> ast.Constant | None:
-    """The int literal of the module-level ``batch_size = N`` assignment, if there is one."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    found = None
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "batch_size" for t in targets):
-                value = node.value
-                if (
-                    isinstance(value, ast.Constant)
-                    and isinstance(value.value, int)
-                    and not isinstance(value.value, bool)
-                ):
-                    found = value  # the last assignment wins, as it would when executed
-                else:
-                    found = None
-    return found
-
-
-def read_batch_size(source: str) -> int | None:
-    node = _batch_size_node(source)
-    return None if node is None else int(node.value)
-
-
-def set_batch_size(source: str, batch_size: int) -> str:
-    """Return ``source`` with its ``batch_size`` literal replaced by ``batch_size``."""
-    node = _batch_size_node(source)
-    if node is None:
-        raise ValueError("task has no module-level integer batch_size")
-    lines = source.splitlines(keepends=True)
-    if node.lineno != node.end_lineno:
-        raise ValueError("batch_size literal spans lines")
-    i = node.lineno - 1
-    # col offsets are in UTF-8 bytes; a size constant's line is ASCII in practice, but be exact.
-    raw = lines[i].encode()
-    raw = raw[: node.col_offset] + str(int(batch_size)).encode() + raw[node.end_col_offset :]
-    lines[i] = raw.decode()
-    return "".join(lines)
+__all__ = ["draw_target_ms", "next_batch_size", "read_batch_size", "set_batch_size"]
 
 
 def draw_target_ms(source: str, cfg: VerifyConfig, min_ms: float, max_ms: float) -> float:

@@ -84,20 +84,76 @@ class VerifyConfig:
     serialize_timing: bool = True
     lock_dir: str | None = None
 
-    # Calibration: rescale batch_size toward a target runtime drawn (per task, seeded by its
-    # source) from a log-normal with this median and 90th percentile, clipped to the band shrunk
-    # by `band_margin` on both sides so a landing near the target is safely inside.
-    calibrate: bool = True
+    # Acceptance: the measured eager median must lie inside the band by `edge_margin` on each side
+    # ([min_ms * (1 + m), max_ms * (1 - m)]: 1.1 to 90 ms for the 1 to 100 ms band), so that an
+    # independent re-measurement still finds the row inside the band it promises. A first timing
+    # within a factor `recheck_zone` of either edge is repeated, `recheck_timings` timings in all,
+    # and their median decides.
+    edge_margin: float = 0.1
+    recheck_zone: float = 1.5
+    recheck_timings: int = 3
+
+    # Sizes. Runtime targets are drawn (per candidate, from its seed) from a log-normal with this
+    # median and 90th percentile, clipped to the band shrunk by `band_margin` on both sides. The
+    # generate pipeline picks batch_size so the cost model's prediction meets the target
+    # (opsynth.verify.sizing): the prediction is a roofline over the kernels counted on meta
+    # tensors, at the reference rates below (settings, not measurements, so sizes never depend
+    # on a clock). `calibrate` is the older alternative inside the verifier: rescale batch_size
+    # from measured runtimes (up to `max_calib_steps`); sizes then follow timing noise, so rows
+    # are not reproducible. It is off by default and only useful for sources without a graph.
+    calibrate: bool = False
     max_calib_steps: int = 6
     target_median_ms: float = 4.0
     target_p90_ms: float = 20.0
-    band_margin: float = 1.5
+    band_margin: float = 2.0
+    # Reference rates of the cost model, per device kind, in the units the worker's peak
+    # measurement reports: fp32 matmul TFLOP/s, copy GB/s, exp G elements/s and us per eager
+    # kernel call. CUDA: an H200 (about what it measures); CPU: one core of a current x86 server
+    # (measured on the development machine, one thread). Per-class slowdowns against these
+    # rooflines live with the cost model (opsynth.graph.cost.SLOWDOWN).
+    cost_tflops: float = 50.0
+    cost_gbps: float = 3900.0
+    cost_gelems: float = 500.0
+    cost_kernel_us: float = 6.0
+    cpu_cost_tflops: float = 0.18
+    cpu_cost_gbps: float = 14.0
+    cpu_cost_gelems: float = 1.6
+    cpu_cost_kernel_us: float = 1.8
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.edge_margin < 0.5:
+            raise ValueError(f"verify.edge_margin must be in [0, 0.5), got {self.edge_margin}")
+        if self.recheck_zone < 1 or self.recheck_timings < 1:
+            raise ValueError("verify.recheck_zone must be >= 1 and verify.recheck_timings >= 1")
+        if self.band_margin < 1:
+            raise ValueError(f"verify.band_margin must be >= 1, got {self.band_margin}")
+        rates = [k for k in ("cost_tflops", "cost_gbps", "cost_gelems") if getattr(self, k) <= 0
+                 or getattr(self, "cpu_" + k) <= 0]
+        if rates or self.cost_kernel_us < 0 or self.cpu_cost_kernel_us < 0:
+            raise ValueError(f"verify cost-model rates must be > 0 (kernel_us >= 0); check {rates or 'kernel_us'}")
 
     def limits(self, device: str) -> DeviceLimits:
         """The band and memory limits for ``device`` ("cpu" or "cuda")."""
         if device == "cpu":
             return DeviceLimits(self.cpu_min_ms, self.cpu_max_ms, self.cpu_mem_cap_gb, self.cpu_mem_limit_gb)
         return DeviceLimits(self.min_ms, self.max_ms, self.mem_cap_gb, self.mem_limit_gb)
+
+    def accept_window(self, device: str) -> tuple[float, float]:
+        """The measured eager median a task must have to be accepted on ``device``."""
+        lim = self.limits(device)
+        return lim.min_ms * (1 + self.edge_margin), lim.max_ms * (1 - self.edge_margin)
+
+    def rates(self, device: str):
+        """The cost model's reference rates on ``device`` ("cpu" or "cuda")."""
+        from opsynth.graph.cost import Rates
+
+        from opsynth.graph.cost import SLOWDOWN
+
+        kind = "cpu" if device == "cpu" else "cuda"
+        p = "cpu_" if kind == "cpu" else ""
+        g = lambda k: float(getattr(self, p + k))  # noqa: E731
+        return Rates(g("cost_tflops") * 1e12, g("cost_gbps") * 1e9, g("cost_gelems") * 1e9,
+                     g("cost_kernel_us") * 1e-6, tuple(sorted(SLOWDOWN[kind].items())))
 
     def target_sigma(self) -> float:
         """Log-normal sigma such that P(T < target_p90_ms) = 0.9."""

@@ -30,9 +30,13 @@ REASONS: dict[str, str] = {
     "constant_output": "every element of an output is the same value",
     "nondeterministic": "the same inputs and weights gave different outputs twice",
     "input_insensitive": "two different random inputs gave outputs equal within tolerance",
-    "mem_cap": "peak memory of inputs, weights and activations is above the memory cap",
-    "too_fast": "eager median below min_ms, and calibration could not bring it into the band",
-    "too_slow": "eager median above max_ms, and calibration could not bring it into the band",
+    "mem_cap": "peak memory of inputs, weights and activations is above the memory cap (measured, or "
+               "predicted by the cost model at batch_size 1)",
+    "too_fast": "eager median below the acceptance window (min_ms plus the edge margin), or no batch_size "
+                "the memory budget allows is predicted to reach the target window",
+    "too_slow": "eager median above the acceptance window (max_ms less the edge margin), or even "
+                "batch_size 1 is predicted above the target window",
+    "size_error": "the cost model cannot replay the operators at the smallest batch_size",
     "compile_error": "torch.compile (or running the compiled model) raised",
     "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
     "worker_error": "the verifier itself failed (a bug, not the task's fault)",

@@ -1,15 +1,22 @@
 """Median runtimes, and the lock that keeps timings on one device from overlapping.
 
-On CUDA a run is timed with CUDA events after warm-up; on CPU with ``time.perf_counter``. The
-lock is an ``fcntl.flock`` on a file named after the device, so it serialises timing across every
-worker of every pool on the machine (Dask may run several pools), while compilation, which is
-CPU-bound, runs in parallel.
+On CUDA a run is timed with CUDA events after warm-up. On CPU a single-threaded worker (the
+default: one torch thread per worker) is timed with its thread's CPU time (``time.thread_time``),
+which other processes on a loaded machine cannot inflate by taking the core away; a worker with
+several torch threads falls back to ``time.perf_counter``. The lock is an ``fcntl.flock`` on a file
+named after the device, so it serialises timing across every worker of every pool on the machine
+(Dask may run several pools), while compilation, which is CPU-bound, runs in parallel.
+
+Tests of reproducibility set ``OPSYNTH_TIMING_NOISE=LO,HI`` (e.g. ``0.8,1.25``): every median this
+module returns is then multiplied by an independent random factor, log-uniform in [LO, HI].
 """
 
 from __future__ import annotations
 
 import fcntl
+import math
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -49,6 +56,31 @@ def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
             os.close(fd)
 
 
+NOISE_ENV = "OPSYNTH_TIMING_NOISE"
+_NOISE_RNG = random.SystemRandom()  # not the global generator: task checks seed that one
+
+
+def noise_factor() -> float:
+    """1.0, or the random factor ``OPSYNTH_TIMING_NOISE`` asks for (see the module docstring)."""
+    spec = os.environ.get(NOISE_ENV)
+    if not spec:
+        return 1.0
+    try:
+        lo, hi = (float(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"{NOISE_ENV} must be 'LO,HI' (e.g. 0.8,1.25), got {spec!r}") from None
+    return math.exp(_NOISE_RNG.uniform(math.log(lo), math.log(hi)))
+
+
+def cpu_clock() -> tuple[str, Callable[[], float]]:
+    """The clock for CPU timings: thread CPU time when torch runs on this one thread."""
+    import torch
+
+    if torch.get_num_threads() == 1:
+        return "thread_cpu", time.thread_time
+    return "wall", time.perf_counter
+
+
 def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, min_repeats: int,
               budget_ms: float) -> tuple[float, int]:
     """Median milliseconds of ``fn()`` and the number of timed runs. Warm-up runs also estimate
@@ -77,8 +109,9 @@ def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, 
             end.synchronize()
             times.append(start.elapsed_time(end))
     else:
+        clock = cpu_clock()[1]
         for _ in range(n):
-            t = time.perf_counter()
+            t = clock()
             fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times), n
+            times.append((clock() - t) * 1e3)
+    return statistics.median(times) * noise_factor(), n

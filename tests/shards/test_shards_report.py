@@ -96,11 +96,13 @@ def test_progress_bar_shows_accepted_rejected_and_rate():
     from opsynth.shards.progress import RunProgress
 
     buf = io.StringIO()
-    stats = RunStats(resumed_rows=5)
-    with RunProgress(stats, total=20, file=buf, disable=False, mininterval=0) as bar:
+    stats = RunStats()
+    rows = [5]  # the folder's rows, as the writer counts them: 5 from an earlier run
+    with RunProgress(stats, total=20, file=buf, disable=False, mininterval=0, rows=lambda: rows[0]) as bar:
         stats.accept(3)
+        rows[0] += 3
         stats.reject("timeout")
         bar.update()
     text = buf.getvalue()
-    assert "8/20" in text  # 5 rows from an earlier run + 3 accepted now
+    assert "5/20" in text and "8/20" in text  # starts from the rows already there
     assert "rejected=1" in text and "accept_rate=75%" in text and "cand/min=" in text

@@ -1,0 +1,165 @@
+"""Choose a task's ``batch_size`` before it is verified, from its seed and a cost model, never from a
+clock, so that the same seed and settings give the same task code on every run and every machine.
+
+Each candidate gets a target eager runtime drawn from a log-normal seeded by its sampler seed. The
+graph's kernels are counted on meta tensors (:mod:`opsynth.graph.cost`) and their runtime is
+predicted with a roofline at fixed *reference rates* (``VerifyConfig.rates``: settings, not
+measurements); the batch size whose prediction is closest to the target, within the memory budget,
+is the task's size. The verifier's timing then only accepts or rejects it.
+
+Why reference rates rather than rates measured on the run's device: any size computed from a
+measurement changes when the measurement does (a timing taken under load, another machine), and a
+discrete size that depends on a noisy number flips whenever the number crosses a rounding edge. The
+device's measured peaks are still recorded (state file, card) next to the reference rates, so a
+reader sees how the two compare; on a device far from the reference, set the ``cost_*`` settings to
+its measured rates (sizes, hence rows, then change with them, deterministically).
+
+Predictions are kept inside ``[min_ms * band_margin, max_ms / band_margin]``, well within the window
+the measured time must fall in (``VerifyConfig.accept_window``), so that a row's acceptance does not
+hinge on the noise of one timing either; candidates whose prediction cannot get there are rejected
+here, without running.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from opsynth.graph import OpGraph
+from opsynth.graph.cost import GraphCost, Rates, predict_ms, replay_cost, with_batch
+
+from .config import VerifyConfig
+
+# Predicted peak memory may use this share of the memory cap: the estimate (inputs, weights and the
+# largest kernel's operands) leaves out temporaries that the eager checks also keep alive.
+MEM_SHARE = 0.5
+# BatchNorm in training mode (the task's default) needs two rows; the sampler's floor is 2 as well.
+MIN_BATCH = 2
+MAX_BATCH = 1 << 24
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """The batch size chosen for a candidate, what the model predicts for it, and, when no batch
+    size gives a prediction inside the target window, the rejection reason."""
+
+    batch: int
+    target_ms: float
+    predicted_ms: float
+    predicted_peak_mb: float
+    reason: str | None = None  # None, "too_fast" or "too_slow"
+    message: str = ""
+
+    def evidence(self) -> dict[str, Any]:
+        return {"stage": "size", "batch_size": self.batch, "target_ms": self.target_ms,
+                "predicted_ms": self.predicted_ms, "predicted_peak_mb": self.predicted_peak_mb,
+                "message": self.message}
+
+
+def target_window(cfg: VerifyConfig, device: str) -> tuple[float, float]:
+    """Where targets and predictions must lie: the band shrunk by ``band_margin`` on each side."""
+    lim = cfg.limits(device)
+    lo, hi = lim.min_ms * cfg.band_margin, lim.max_ms / cfg.band_margin
+    if lo > hi:  # a band narrower than the margins: its geometric middle
+        lo = hi = math.sqrt(lim.min_ms * lim.max_ms)
+    return lo, hi
+
+
+def draw_target_ms(seed: int, cfg: VerifyConfig, device: str) -> float:
+    """Log-normal (median ``target_median_ms``, 90 % under ``target_p90_ms``) from the candidate's
+    seed, clipped to the target window."""
+    rng = random.Random(f"opsynth-size-target:{int(seed)}")
+    t = rng.lognormvariate(math.log(cfg.target_median_ms), cfg.target_sigma())
+    lo, hi = target_window(cfg, device)
+    return min(max(t, lo), hi)
+
+
+class _Costs:
+    """Memoised replays of one graph at several batch sizes (None where the replay raises: that
+    batch size does not work for these operators)."""
+
+    def __init__(self, graph: OpGraph, catalog):
+        self.graph, self.catalog = graph, catalog
+        self._cache: dict[int, GraphCost | None] = {}
+
+    def __call__(self, batch: int) -> GraphCost | None:
+        if batch not in self._cache:
+            try:
+                self._cache[batch] = replay_cost(self.graph, self.catalog, batch)
+            except Exception:  # noqa: BLE001 - an operator that refuses this shape
+                self._cache[batch] = None
+        return self._cache[batch]
+
+
+def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: str) -> SizeChoice:
+    """The batch size for this candidate (see the module docstring). Deterministic: it reads the
+    graph, the seed and the settings, nothing else."""
+    rates = cfg.rates(device)
+    cap = cfg.limits(device).mem_cap_gb * 2**30 * MEM_SHARE
+    target = draw_target_ms(seed, cfg, device)
+    lo, hi = target_window(cfg, device)
+    costs = _Costs(graph, catalog)
+
+    def pred(b: int) -> float:
+        c = costs(b)
+        return math.inf if c is None else max(predict_ms(c, rates), 1e-9)  # views only: nothing runs
+
+    def fits(b: int) -> bool:
+        c = costs(b)
+        return c is not None and c.peak_bytes <= cap
+
+    # Largest batch within the memory budget (peak memory grows with the batch), by doubling then
+    # bisection; runtime grows with the batch too, so the same search finds the target.
+    if not fits(MIN_BATCH):
+        c = costs(MIN_BATCH)
+        if c is None:
+            return SizeChoice(MIN_BATCH, target, math.inf, math.inf, "size_error",
+                              f"the operators do not run at batch_size {MIN_BATCH} (replayed on meta tensors)")
+        return SizeChoice(MIN_BATCH, target, pred(MIN_BATCH), c.peak_bytes / 2**20, "mem_cap",
+                          f"predicted peak memory {c.peak_bytes / 2**30:.2f} GB at batch_size {MIN_BATCH} is above "
+                          f"{MEM_SHARE:g} x the {cfg.limits(device).mem_cap_gb:g} GB cap")
+    top = MIN_BATCH
+    while top < MAX_BATCH and pred(top) < target and fits(min(2 * top, MAX_BATCH)):
+        top = min(2 * top, MAX_BATCH)
+    if pred(top) < target and top < MAX_BATCH:  # memory, not runtime, stopped the doubling
+        a, z = top, min(2 * top, MAX_BATCH)  # fits(a), not fits(z)
+        while z - a > 1:
+            m = (a + z) // 2
+            a, z = (m, z) if fits(m) else (a, m)
+        top = a
+    # Smallest batch whose prediction reaches the target (or the largest allowed one).
+    a, z = MIN_BATCH - 1, top
+    if pred(top) >= target:
+        while z - a > 1:
+            m = (a + z) // 2
+            a, z = (a, m) if pred(m) >= target else (m, z)
+    batch = z
+    if (batch > MIN_BATCH and pred(batch - 1) >= lo
+            and abs(math.log(pred(batch - 1) / target)) < abs(math.log(pred(batch) / target))):
+        batch -= 1
+    p = pred(batch)
+    peak_mb = costs(batch).peak_bytes / 2**20
+    if p < lo:
+        why = ("the memory budget allows no larger batch_size" if batch == top and top < MAX_BATCH
+               else "the prediction does not grow with batch_size")
+        return SizeChoice(batch, target, p, peak_mb, "too_fast",
+                          f"predicted {p:.4g} ms at batch_size {batch}, below the {lo:.4g} ms target window: {why}")
+    if p > hi:
+        return SizeChoice(batch, target, p, peak_mb, "too_slow",
+                          f"predicted {p:.4g} ms at batch_size {batch}, above the {hi:.4g} ms target window")
+    return SizeChoice(batch, target, p, peak_mb)
+
+
+def sized_graph(graph: OpGraph, choice: SizeChoice) -> OpGraph:
+    return with_batch(graph, choice.batch)
+
+
+def rates_record(cfg: VerifyConfig, device: str) -> dict[str, float]:
+    """The reference rates as the state file and the card print them."""
+    return cfg.rates(device).to_dict()
+
+
+__all__ = ["SizeChoice", "choose_batch", "draw_target_ms", "rates_record", "sized_graph", "target_window",
+           "Rates"]
