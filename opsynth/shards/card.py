@@ -115,6 +115,52 @@ def _source_key(s: str) -> tuple[int, str, int]:
     return (0 if name == "torch" else 1, name, int(k) if k.isdigit() else 0)
 
 
+def _fmt_rates(r: dict[str, Any]) -> str:
+    keys = (("tflops", "TFLOP/s"), ("gbps", "GB/s"), ("gelems", "G exp/s"), ("kernel_us", "us per kernel call"))
+    return ", ".join(f"{r[k]:.3g} {unit}" for k, unit in keys if isinstance(r.get(k), (int, float)))
+
+
+def _checks_section(stats: RunStats) -> list[str]:
+    """How sizes were chosen and which checks are exact (bitwise) and which use a tolerance."""
+    v = stats.config.get("verify", {}) if stats.config else {}
+    if not v:
+        return []
+    kind = stats.reference_rates.get("device_kind") or ("cpu" if stats.device == "cpu" else "cuda")
+    p = "cpu_" if kind == "cpu" else ""
+    lo, hi = v.get(p + "min_ms"), v.get(p + "max_ms")
+    m = v.get("edge_margin", 0.0)
+    clock = "CUDA events" if kind == "cuda" else "the thread CPU time of a single-threaded worker"
+    out = ["", "## Sizes and checks", ""]
+    sizes = ("Sizes are a function of the seed and the settings alone: each candidate's target eager time is drawn "
+             f"from its seed (log-normal, median {v.get('target_median_ms')} ms, 90 % under {v.get('target_p90_ms')} ms, "
+             f"kept within the band shrunk {v.get('band_margin')}x on each side), and `batch_size` is the one whose "
+             "predicted eager time is nearest to it. The prediction is a roofline over the kernels of one forward, "
+             "counted on meta tensors, at the cost model's reference rates")
+    ref = stats.reference_rates or {k: v.get(p + "cost_" + k) for k in ("tflops", "gbps", "gelems", "kernel_us")}
+    sizes += f" ({_fmt_rates(ref)}; settings `verify.{p}cost_*`)."
+    if stats.measured_peaks:
+        sizes += (f" This run measured `{stats.measured_peaks.get('device', stats.device)}` at "
+                  f"{_fmt_rates(stats.measured_peaks)}; the measurement is recorded, not used.")
+    cm = stats.cost_model
+    if cm.get("rows"):
+        sizes += (f" Measured over predicted eager time, over {cm['rows']:,} rows: median "
+                  f"{cm['eager_over_predicted_median']:.2f} (10th to 90th percentile {cm['p10']:.2f} to {cm['p90']:.2f}).")
+    out.append(sizes)
+    out += ["", _table(["check", "how", "exact?"], [
+        ["runtime band", f"eager median, timed with {clock}, inside [{lo} x (1 + {m}), {hi} x (1 - {m})] ms for the "
+                         f"promised [{lo}, {hi}] ms; a first timing within {v.get('recheck_zone')}x of an edge is "
+                         f"repeated ({v.get('recheck_timings')} timings, median decides)", "a measurement"],
+        ["finite, not constant", "no NaN or Inf; not every element equal to the first", "bitwise"],
+        ["deterministic", f"two forwards on the same inputs agree within atol {v.get('det_atol')}, "
+                          f"rtol {v.get('det_rtol')}", "tolerance (cuDNN algorithms and atomics may reorder sums)"],
+        ["input-sensitive", f"outputs for two random inputs differ beyond atol {v.get('atol')}, rtol {v.get('rtol')}",
+         "tolerance"],
+        ["`torch.compile` matches eager", f"within atol {v.get('atol')}, rtol {v.get('rtol')} on two inputs "
+                                          f"(backend `{v.get('compile_backend')}`)", "tolerance"],
+    ])]
+    return out
+
+
 def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name: str, load_path: str) -> str:
     n = facts["num_examples"]
     th = stats.thresholds
@@ -131,9 +177,10 @@ def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name:
         "1. **Sample**: an operator graph of up to k seed operators (mined from `torch` and `transformers`) "
         "is sampled with a seeded sampler; the seed is kept in the `seed` column.\n"
         "2. **Render**: the graph becomes a self-contained task file (`code`).\n"
-        "3. **Verify**: each task runs in a sandboxed child process with a timeout, eagerly and under "
+        "3. **Size and verify**: `batch_size` is chosen from the seed and a cost model (no clock is read; see "
+        "below), then each task runs in a sandboxed child process with a timeout, eagerly and under "
         "`torch.compile`; tasks with randomness, non-deterministic, constant or input-independent outputs are "
-        "rejected, and the problem size is calibrated so the eager runtime falls in the band below; "
+        "rejected, and so are tasks whose eager runtime is not inside the band below by its edge margin; "
         f"runtimes are medians measured on `{stats.device}`.\n"
         "4. **Dedup**: tasks whose `Model` is too similar (AST similarity) to any KernelBench problem are "
         "dropped, and near-duplicates within the run are removed.\n"
@@ -153,17 +200,28 @@ def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name:
         out.append(_table(["filter", "threshold"], [[f"`{k}`", f"`{v}`"] for k, v in th.items()]))
     else:
         out.append("No thresholds were recorded for this run.")
+    out += _checks_section(stats)
     out += ["", "## Counts", ""]
     count_rows = [
         ["rows in this dataset", f"{n:,}"],
         ["shards", facts["num_shards"]],
         ["target rows (`n_tasks`)", f"{stats.n_tasks:,}" if stats.n_tasks else "–"],
-        ["rows already present when the last run started", f"{stats.resumed_rows:,}"],
-        ["accepted in the last run", f"{stats.accepted:,}"],
-        ["rejected in the last run", f"{stats.num_rejected:,}"],
+        ["runs that built this folder", f"{stats.runs:,}"],
+        ["rows present when the last run started", f"{stats.resumed_rows:,}"],
+        ["rows added by the last run", f"{stats.run_added_rows:,}"],
+    ]
+    if stats.adopted_rows:
+        count_rows.append(["rows found in the folder without a state file", f"{stats.adopted_rows:,}"])
+    if stats.repaired_rows or stats.unreproduced_rows:
+        count_rows.append(["rows of damaged shards regenerated (`repair=true`)", f"{stats.repaired_rows:,}"])
+        count_rows.append(["rows of damaged shards whose seed did not give them again", f"{stats.unreproduced_rows:,}"])
+    count_rows += [
+        ["accepted, all runs", f"{stats.accepted:,}"],
+        ["rejected, all runs", f"{stats.num_rejected:,}"],
         ["acceptance rate", _pct(stats.acceptance_rate)],
         ["candidates per minute", f"{stats.candidates_per_minute:.1f}" if stats.candidates_per_minute else "–"],
-        ["wall time", f"{stats.wall_time_s / 60:.1f} min"],
+        ["wall time, last run", f"{stats.run_wall_time_s / 60:.1f} min"],
+        ["wall time, all runs", f"{stats.wall_time_s / 60:.1f} min"],
     ]
     out.append(_table(["", ""], count_rows))
     if stats.rejected:
