@@ -48,6 +48,9 @@ log = logging.getLogger("opsynth.pipeline")
 STATE_FILE = ".opsynth-state.json"
 SEED_STRIDE = 1_000_000_007
 CPU_SCALE = 0.1  # sampler size scale when verifying on CPU and sampler.scale is null
+# Accepted rows whose eager time is within this factor of an edge of the acceptance window are
+# counted (report: run.cost_model.near_edge_rows): those a 25 % timing error could have rejected.
+NEAR_EDGE = 1.25
 
 
 @dataclass
@@ -345,7 +348,7 @@ def _state_record(committer, stats, writer, finished: bool = False) -> dict:
               for sh in list_shards(writer.output_dir)]
     rec = {"next_index": committer.next_index, "stats": stats.to_dict(), "examples": committer.examples,
            "ledger": [f"{seed}:{tid}" for seed, tid in committer.ledger], "shards": shards,
-           "eager_over_predicted": committer.ratios}
+           "eager_over_predicted": committer.ratios, "near_edge_rows": committer.near_edge}
     if finished:
         rec["finished"] = True
     return rec
@@ -386,6 +389,7 @@ class _Committer:
         ledger = _ledger(state)
         self.ledger: list[tuple[int, str]] = ledger if ledger is not None else on_disk
         self.ratios: list[float] = [float(r) for r in state.get("eager_over_predicted", [])]
+        self.near_edge = int(state.get("near_edge_rows", 0))
         known = {tid for _, tid in self.ledger}
         self.ahead = {tid for _, tid in on_disk if tid not in known}
         # The last candidate that wrote one of those rows: the run commits at least up to it.
@@ -444,13 +448,16 @@ class _Committer:
             return
         q = lambda p: r[min(len(r) - 1, int(p * len(r)))]  # noqa: E731
         self.stats.cost_model = {"rows": len(r), "eager_over_predicted_median": statistics.median(r),
-                                 "p10": q(0.1), "p90": q(0.9)}
+                                 "p10": q(0.1), "p90": q(0.9), "near_edge_rows": self.near_edge}
 
     def _count_accepted(self, rec: dict, row: dict) -> None:
         self.ledger.append((int(row["seed"]), row["task_id"]))
         self.ahead.discard(row["task_id"])
         if rec.get("predicted_ms"):
             self.ratios.append(round(row["eager_ms"] / rec["predicted_ms"], 4))
+        lo, hi = self.cfg.verify.accept_window("cpu" if row["device"] == "cpu" else "cuda")
+        if lo <= row["eager_ms"] <= lo * NEAR_EDGE or hi / NEAR_EDGE <= row["eager_ms"] <= hi:
+            self.near_edge += 1  # a timing 25 % off could have rejected it
         self.stats.accept()
         for op in row["ops"]:
             self.stats.categories.setdefault(op, "")

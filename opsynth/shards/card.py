@@ -132,7 +132,8 @@ def _checks_section(stats: RunStats) -> list[str]:
     clock = "CUDA events" if kind == "cuda" else "the thread CPU time of a single-threaded worker"
     out = ["", "## Sizes and checks", ""]
     sizes = ("Sizes are a function of the seed and the settings alone: each candidate's target eager time is drawn "
-             f"from its seed (log-normal, median {v.get('target_median_ms')} ms, 90 % under {v.get('target_p90_ms')} ms, "
+             f"from its seed (log-normal, median {v.get(p + 'target_median_ms')} ms, 90 % under "
+             f"{v.get(p + 'target_p90_ms')} ms, "
              f"kept within the band shrunk {v.get('band_margin')}x on each side), and `batch_size` is the one whose "
              "predicted eager time is nearest to it. The prediction is a roofline over the kernels of one forward, "
              "counted on meta tensors, at the cost model's reference rates")

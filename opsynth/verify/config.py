@@ -105,6 +105,10 @@ class VerifyConfig:
     max_calib_steps: int = 6
     target_median_ms: float = 4.0
     target_p90_ms: float = 20.0
+    # CPU targets: narrow and near 1 ms, so that a loaded or different CPU shifts runtimes without
+    # pushing them to the edges of the (wide) CPU band.
+    cpu_target_median_ms: float = 1.0
+    cpu_target_p90_ms: float = 2.0
     band_margin: float = 2.0
     # Reference rates of the cost model, per device kind, in the units the worker's peak
     # measurement reports: fp32 matmul TFLOP/s, copy GB/s, exp G elements/s and us per eager
@@ -125,6 +129,10 @@ class VerifyConfig:
             raise ValueError(f"verify.edge_margin must be in [0, 0.5), got {self.edge_margin}")
         if self.recheck_zone < 1 or self.recheck_timings < 1:
             raise ValueError("verify.recheck_zone must be >= 1 and verify.recheck_timings >= 1")
+        for dev in ("cpu", "cuda"):
+            median, p90 = self.targets(dev)
+            if not 0 < median < p90:
+                raise ValueError(f"verify targets on {dev} need 0 < median < p90, got {median} and {p90}")
         if self.band_margin < 1:
             raise ValueError(f"verify.band_margin must be >= 1, got {self.band_margin}")
         rates = [k for k in ("cost_tflops", "cost_gbps", "cost_gelems") if getattr(self, k) <= 0
@@ -155,9 +163,16 @@ class VerifyConfig:
         return Rates(g("cost_tflops") * 1e12, g("cost_gbps") * 1e9, g("cost_gelems") * 1e9,
                      g("cost_kernel_us") * 1e-6, tuple(sorted(SLOWDOWN[kind].items())))
 
-    def target_sigma(self) -> float:
-        """Log-normal sigma such that P(T < target_p90_ms) = 0.9."""
-        return math.log(self.target_p90_ms / self.target_median_ms) / 1.2815515655446004
+    def targets(self, device: str) -> tuple[float, float]:
+        """(median, 90th percentile) of the runtime targets on ``device``."""
+        if device == "cpu":
+            return self.cpu_target_median_ms, self.cpu_target_p90_ms
+        return self.target_median_ms, self.target_p90_ms
+
+    def target_sigma(self, device: str = "cuda") -> float:
+        """Log-normal sigma such that P(T < p90) = 0.9 for ``device``'s targets."""
+        median, p90 = self.targets(device)
+        return math.log(p90 / median) / 1.2815515655446004
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -68,12 +68,16 @@ def target_window(cfg: VerifyConfig, device: str) -> tuple[float, float]:
 
 
 def draw_target_ms(seed: int, cfg: VerifyConfig, device: str) -> float:
-    """Log-normal (median ``target_median_ms``, 90 % under ``target_p90_ms``) from the candidate's
-    seed, clipped to the target window."""
+    """Log-normal (median and 90th percentile: ``VerifyConfig.targets(device)``) from the candidate's
+    seed, truncated to the target window (redrawn, not clipped: clipping would pile targets up at
+    the window's edges, the places a timing error matters most)."""
     rng = random.Random(f"opsynth-size-target:{int(seed)}")
-    t = rng.lognormvariate(math.log(cfg.target_median_ms), cfg.target_sigma())
     lo, hi = target_window(cfg, device)
-    return min(max(t, lo), hi)
+    for _ in range(1000):
+        t = rng.lognormvariate(math.log(cfg.targets(device)[0]), cfg.target_sigma(device))
+        if lo <= t <= hi:
+            return t
+    return min(max(t, lo), hi)  # a distribution almost entirely outside the window
 
 
 class _Costs:

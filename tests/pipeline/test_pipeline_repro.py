@@ -1,0 +1,108 @@
+"""Same seed and settings, same rows, even when every timing is off by a random factor of up to
+25 %: two runs of 50+ tasks on the CPU (small sampler, aot_eager, the real CPU band), side by side
+on a busy machine and each with its own injected noise, write byte-identical rows apart from the two
+measured columns. And the rows hold when a fresh process re-measures them
+(benchmarks/recheck_gpu.py on the CPU)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+from pipeline_cli import NOISE, REPO, generate_cmd, kill_marked, run_env, start_generate
+
+from opsynth import pipeline
+from opsynth.shards import read_rows
+
+N_TASKS = 50
+RUN = [f"n_tasks={N_TASKS}", "seed=5", "sampler=small", "verify=cpu", "verify.compile_backend=aot_eager",
+       "cluster.n_workers=1", "cluster.threads_per_worker=2", "progress=false"]
+MEASURED = ("eager_ms", "compile_ms")  # measurements: they differ from run to run by design
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, kernelbench_parquet):
+    base = tmp_path_factory.mktemp("repro")
+    outs, procs, markers = [base / "a", base / "b"], [], []
+    try:
+        for out in outs:
+            markers.append(f"repro-{out.name}-{os.getpid()}")
+            procs.append(start_generate(generate_cmd(out, *RUN), run_env(kernelbench_parquet, markers[-1], **NOISE),
+                                        base / f"{out.name}.log"))
+        for out, p in zip(outs, procs):
+            assert p.wait(timeout=1500) == 0, (base / f"{out.name}.log").read_text()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for m in markers:
+            kill_marked(m)
+    return outs
+
+
+def _without_measurements(out) -> bytes:
+    """The rows' Parquet bytes with the measured columns dropped (same writer settings each time)."""
+    (shard,) = sorted((out / "data").glob("*.parquet"))
+    table = pq.read_table(shard).drop_columns(list(MEASURED))
+    buf = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(None), buf, compression="zstd")
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+def test_same_seed_same_rows_under_timing_noise(two_runs):
+    a, b = two_runs
+    rows_a, rows_b = read_rows(a), read_rows(b)
+    assert len(rows_a) == len(rows_b) == N_TASKS
+    strip = [{k: v for k, v in r.items() if k not in MEASURED} for r in rows_a], \
+            [{k: v for k, v in r.items() if k not in MEASURED} for r in rows_b]
+    assert strip[0] == strip[1]
+    assert _without_measurements(a) == _without_measurements(b)  # byte-identical
+    # The noise was there: the measured runtimes themselves differ between the runs.
+    differ = sum(ra["eager_ms"] != rb["eager_ms"] for ra, rb in zip(rows_a, rows_b))
+    assert differ >= N_TASKS - 2, differ
+    # And so were the same decisions on the way: every rejection, the same candidates.
+    sa, sb = (json.loads((o / pipeline.STATE_FILE).read_text()) for o in (a, b))
+    assert sa["ledger"] == sb["ledger"] and sa["next_index"] == sb["next_index"]
+    assert sa["stats"]["rejected"] == sb["stats"]["rejected"]
+    ra, rb = (json.loads((o / "report.json").read_text())["run"] for o in (a, b))
+    assert ra["measured_peaks"] and ra["reference_rates"]["device_kind"] == "cpu"
+    assert ra["cost_model"]["rows"] == N_TASKS
+
+
+@pytest.mark.slow
+def test_rows_hold_when_re_measured_in_a_fresh_process(two_runs, tmp_path):
+    out_json = tmp_path / "recheck.json"
+    proc = subprocess.run([sys.executable, "benchmarks/recheck_gpu.py", str(two_runs[0]), "--device", "cpu",
+                           "--sample", "20", "--repeats", "10", "--out", str(out_json)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.loads(out_json.read_text())
+    assert rep["device"] == "cpu" and rep["rows_checked"] == 20 and len(rep["rows"]) == 20
+    assert rep["band_ms"] == [0.05, 100.0]
+    failed = [r for r in rep["rows"] if not r["pass"]]
+    assert rep["pass_share"] == 1.0, failed
+    assert all(r["deterministic"] and r["finite"] and r["input_sensitive"] for r in rep["rows"])
+    assert "pass_share 1.000" in proc.stdout
+
+
+def test_noise_injection_multiplies_each_timing(monkeypatch):
+    """The hook the tests above rely on: independent factors, inside the bounds, only when asked."""
+    from opsynth.verify import timing
+
+    monkeypatch.delenv(timing.NOISE_ENV, raising=False)
+    assert timing.noise_factor() == 1.0
+    monkeypatch.setenv(timing.NOISE_ENV, NOISE[timing.NOISE_ENV])
+    factors = [timing.noise_factor() for _ in range(2000)]
+    assert all(0.8 <= f <= 1.25 for f in factors)
+    assert min(factors) < 0.82 and max(factors) > 1.22 and len(set(factors)) == len(factors)
+    monkeypatch.setenv(timing.NOISE_ENV, "bad")
+    with pytest.raises(ValueError, match="LO,HI"):
+        timing.noise_factor()
