@@ -146,6 +146,10 @@ def _checks_section(stats: RunStats) -> list[str]:
     if cm.get("rows"):
         sizes += (f" Measured over predicted eager time, over {cm['rows']:,} rows: median "
                   f"{cm['eager_over_predicted_median']:.2f} (10th to 90th percentile {cm['p10']:.2f} to {cm['p90']:.2f}).")
+        if "near_edge_rows" in cm:
+            sizes += (f" {cm['near_edge_rows']:,} rows measured within 25 % of an edge of the acceptance window: "
+                      "a rerun whose timings are that far off could reject them (every other decision is made "
+                      "without a clock).")
     out.append(sizes)
     out += ["", _table(["check", "how", "exact?"], [
         ["runtime band", f"eager median, timed with {clock}, inside [{lo} x (1 + {m}), {hi} x (1 - {m})] ms for the "

@@ -14,8 +14,11 @@ code, never raises because of a task, and never unpickles anything a worker send
 enforces the wall-clock timeout (kill, replace the worker), watches the worker's host memory, and
 replaces workers that died, reported a CUDA fault, or served ``max_tasks_per_worker`` tasks.
 
-Per task: an eager request (checks + timing) is repeated while calibration rescales
-``batch_size`` toward the task's target runtime, then one compile request checks torch.compile.
+Per task: an eager request (checks + timing; a timing near an edge of the acceptance window is
+repeated in the worker and the median decides), accepted when the eager median is inside
+``cfg.accept_window`` (the band less its edge margin), then one compile request checks
+torch.compile. Sizes are the caller's (the generate pipeline picks them with the cost model); only
+with ``calibrate=true`` is the eager request repeated while ``batch_size`` is rescaled from timings.
 """
 
 from __future__ import annotations
