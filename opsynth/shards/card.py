@@ -117,7 +117,10 @@ def _source_key(s: str) -> tuple[int, str, int]:
 
 def _fmt_rates(r: dict[str, Any]) -> str:
     keys = (("tflops", "TFLOP/s"), ("gbps", "GB/s"), ("gelems", "G exp/s"), ("kernel_us", "us per kernel call"))
-    return ", ".join(f"{r[k]:.3g} {unit}" for k, unit in keys if isinstance(r.get(k), (int, float)))
+    def num(x: float) -> str:
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+    return ", ".join(f"{num(r[k])} {unit}" for k, unit in keys if isinstance(r.get(k), (int, float)))
 
 
 def _checks_section(stats: RunStats) -> list[str]:
@@ -182,7 +185,7 @@ def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name:
         "1. **Sample**: an operator graph of up to k seed operators (mined from `torch` and `transformers`) "
         "is sampled with a seeded sampler; the seed is kept in the `seed` column.\n"
         "2. **Render**: the graph becomes a self-contained task file (`code`).\n"
-        "3. **Size and verify**: `batch_size` is chosen from the seed and a cost model (no clock is read; see "
+        "3. **Verify**: `batch_size` is chosen from the seed and a cost model (no clock is read; see "
         "below), then each task runs in a sandboxed child process with a timeout, eagerly and under "
         "`torch.compile`; tasks with randomness, non-deterministic, constant or input-independent outputs are "
         "rejected, and so are tasks whose eager runtime is not inside the band below by its edge margin; "

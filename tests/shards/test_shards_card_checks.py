@@ -1,0 +1,38 @@
+"""The card says how sizes were chosen (reference rates, the run's measured peaks, how predictions
+compared) and which checks are bitwise and which use a tolerance; its counts describe the last run
+and all runs apart."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from opsynth.shards.card import write_card
+from opsynth.shards.stats import RunStats
+from opsynth.shards.writer import ShardWriter
+from opsynth.verify import VerifyConfig
+
+
+def test_the_card_names_the_sizing_and_which_checks_are_exact(tmp_path, make_row):
+    with ShardWriter(tmp_path / "ds", rows_per_shard=10) as w:
+        w.write([make_row(i) for i in range(12)])
+        w.finalize()
+    s = RunStats(device="NVIDIA H200", config={"verify": dataclasses.asdict(VerifyConfig())}, runs=2,
+                 resumed_rows=7, run_added_rows=5, run_wall_time_s=60.0, wall_time_s=150.0,
+                 reference_rates={"device_kind": "cuda", "tflops": 50.0, "gbps": 3900.0, "gelems": 500.0,
+                                  "kernel_us": 6.0},
+                 measured_peaks={"device": "NVIDIA H200", "tflops": 51.2, "gbps": 4100.0, "gelems": 480.0,
+                                 "kernel_us": 4.0},
+                 cost_model={"rows": 12, "eager_over_predicted_median": 1.1, "p10": 0.5, "p90": 2.5,
+                             "near_edge_rows": 1})
+    s.accept(12)
+    body = write_card(tmp_path / "ds", s).read_text()
+    assert "## Sizes and checks" in body
+    assert "50 TFLOP/s, 3,900 GB/s, 500 G exp/s, 6 us per kernel call" in body and "measured `NVIDIA H200` at 51.2 TFLOP/s" in body
+    assert "median 1.10 (10th to 90th percentile 0.50 to 2.50)" in body and "1 rows measured within 25 %" in body
+    assert "inside [1.0 x (1 + 0.1), 100.0 x (1 - 0.1)] ms" in body
+    assert "| finite, not constant | no NaN or Inf; not every element equal to the first | bitwise |" in body
+    assert "atol 1e-06, rtol 1e-05 | tolerance (cuDNN algorithms and atomics may reorder sums) |" in body
+    for line in ("| runs that built this folder | 2 |", "| rows present when the last run started | 7 |",
+                 "| rows added by the last run | 5 |", "| wall time, last run | 1.0 min |",
+                 "| wall time, all runs | 2.5 min |"):
+        assert line in body, line
