@@ -9,7 +9,7 @@ no_implicit_headers=True, the torch wrapper in C++) and "heavy" (torch headers i
     python benchmarks/reward_throughput.py                      # H200: CUDA candidates
     python benchmarks/reward_throughput.py --device cpu --count 6 --baseline-count 2   # CPU
 
-Imports only torch and opsynth.rl (no dask / hydra / datasets).
+Imports only torch and opsynth.reward (no dask / hydra / datasets).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from opsynth.rl import RewardConfig, evaluate, evaluate_many  # noqa: E402
+from opsynth.reward import RewardConfig, evaluate, evaluate_many  # noqa: E402
 
 # ---- tasks (KernelBench format) -------------------------------------------------------------------
 
@@ -388,8 +388,8 @@ def main() -> None:
 
     import torch
 
-    from opsynth.rl.evaluate import _cleanup, _prepare_reference
-    from opsynth.rl.pch import pch_include_dir, pch_root
+    from opsynth.reward.evaluate import _cleanup, _prepare_reference
+    from opsynth.reward.pch import pch_include_dir, pch_root
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     tasks = [t for t in args.tasks.split(",") if t]

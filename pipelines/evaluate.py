@@ -16,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 
 def _reward(cfg: Any) -> dict:
-    from opsynth.rl.eval_types import RewardConfig
-    from opsynth.rl.evaluate import evaluate
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.reward.evaluate import evaluate
 
     rcfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
     task = Path(str(cfg["task"])).read_text()
@@ -32,13 +32,13 @@ def _reward(cfg: Any) -> dict:
 MODES = {"reward": _reward}
 
 
-# --- mode=score (training stage, opsynth.rl.score) -------------------------------------------
+# --- mode=score (training stage, opsynth.train.score) -------------------------------------------
 # python -m pipelines.evaluate mode=score +shards=DIR [+split=heldout] (+candidates=DIR | +policy=PATH)
 #     [+heldout_fraction=0.1] [+limit=N] [+out=DIR] [reward.device=...]
 # Prints the KernelBench-style table, then (as every mode) one JSON object: the summary.
 def _score(cfg: Any) -> dict:
-    from opsynth.rl.eval_types import RewardConfig
-    from opsynth.rl.score import score
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.score import score
 
     return score(
         str(cfg["shards"]), split=cfg.get("split", "heldout"), candidates=cfg.get("candidates"),

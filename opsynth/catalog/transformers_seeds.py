@@ -16,7 +16,6 @@ import warnings
 import torch
 
 from .call import apply, is_float_tensor
-from .params import ParamContext, fill_params
 from .spec import OpSpec
 
 FAMILIES = ("llama", "qwen2", "mistral", "gemma", "t5", "gpt2", "bert", "phi3", "opt", "gpt_neox")

@@ -9,56 +9,13 @@ so the rest of the file (formatting, comments) is untouched.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import math
 import random
 
+from opsynth.render.task_file import read_batch_size, set_batch_size  # noqa: F401 - re-exported
+
 from .config import VerifyConfig
-
-
-def _batch_size_node(source: str) -> ast.Constant | None:
-    """The int literal of the module-level ``batch_size = N`` assignment, if there is one."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    found = None
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "batch_size" for t in targets):
-                value = node.value
-                if (
-                    isinstance(value, ast.Constant)
-                    and isinstance(value.value, int)
-                    and not isinstance(value.value, bool)
-                ):
-                    found = value  # the last assignment wins, as it would when executed
-                else:
-                    found = None
-    return found
-
-
-def read_batch_size(source: str) -> int | None:
-    node = _batch_size_node(source)
-    return None if node is None else int(node.value)
-
-
-def set_batch_size(source: str, batch_size: int) -> str:
-    """Return ``source`` with its ``batch_size`` literal replaced by ``batch_size``."""
-    node = _batch_size_node(source)
-    if node is None:
-        raise ValueError("task has no module-level integer batch_size")
-    lines = source.splitlines(keepends=True)
-    if node.lineno != node.end_lineno:
-        raise ValueError("batch_size literal spans lines")
-    i = node.lineno - 1
-    # col offsets are in UTF-8 bytes; a size constant's line is ASCII in practice, but be exact.
-    raw = lines[i].encode()
-    raw = raw[: node.col_offset] + str(int(batch_size)).encode() + raw[node.end_col_offset :]
-    lines[i] = raw.decode()
-    return "".join(lines)
 
 
 def draw_target_ms(source: str, cfg: VerifyConfig, min_ms: float, max_ms: float) -> float:

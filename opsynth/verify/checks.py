@@ -7,8 +7,6 @@ determinism, input sensitivity, memory cap; timing and torch.compile come after,
 
 from __future__ import annotations
 
-import linecache
-import sys
 import traceback
 import types
 from typing import Any
@@ -65,22 +63,16 @@ def classify(exc: BaseException, default: str) -> Reject:
 
 
 def load_task(source: str) -> types.ModuleType:
-    """Execute the task as a real module (registered in sys.modules and linecache, so dynamo,
-    inspect and tracebacks see its source)."""
-    filename = f"<{TASK_MODULE}>"
+    """Execute the task as a registered module (the task contract's loader), classifying failures."""
+    from opsynth.render.task_file import load_task_module, missing_names
+
     try:
-        code = compile(source, filename, "exec")
+        mod = load_task_module(source, TASK_MODULE, register=True)
     except SyntaxError as exc:
         raise Reject("syntax_error", f"{exc.msg} (line {exc.lineno})") from None
-    mod = types.ModuleType(TASK_MODULE)
-    mod.__file__ = filename
-    sys.modules[TASK_MODULE] = mod
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    try:
-        exec(code, mod.__dict__)
     except BaseException as exc:  # noqa: BLE001 - untrusted code: anything may come out
         raise classify(exc, "load_error") from None
-    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
+    missing = missing_names(mod)
     if missing:
         raise Reject("missing_definitions", f"missing {', '.join(missing)}")
     return mod

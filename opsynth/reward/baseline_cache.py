@@ -6,11 +6,9 @@ A JSON file under the cache dir, updated under an exclusive file lock so that co
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,15 +33,11 @@ def cache_key(cfg, task_code: str, device: str) -> str:
     return "|".join(parts)
 
 
-@contextmanager
 def _locked(path: Path):
+    from opsynth.verify.timing import file_lock
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(path) + ".lock", "w") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lk, fcntl.LOCK_UN)
+    return file_lock(str(path) + ".lock")
 
 
 def _path(cfg) -> Path:

@@ -7,7 +7,6 @@ anything else it prints becomes the log.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import resource
@@ -15,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,19 +132,12 @@ def apply_limits(job: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-@contextmanager
 def device_lock(job: dict):
-    """Exclusive use of the device for the timed and checked part of a child's work."""
-    path = job.get("device_lock")
-    if not path:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """Exclusive use of the device for the timed and checked part of a child's work (the verifier's
+    lock: one per physical GPU, `opsynth.verify.timing.device_lock_path`)."""
+    from opsynth.verify.timing import file_lock
+
+    return file_lock(job.get("device_lock") or None)
 
 
 def child_main(fn) -> None:

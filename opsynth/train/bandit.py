@@ -220,7 +220,7 @@ def write_task_shards(folder: str, code: str, n: int = 4) -> str:
 def bandit_settings(shards: str, output_dir: str, steps: int = 5, num_generations: int = 8,
                     learning_rate: float = 0.2, seed: int = 0, reward_env: dict | None = None):
     """Training settings that make the bandit learn within a handful of steps."""
-    from opsynth.rl.trainer import TrainSettings
+    from opsynth.train.trainer import TrainSettings
 
     return TrainSettings(
         shards=shards, output_dir=output_dir, split="all", seed=seed, reward_workers=2,
@@ -233,7 +233,7 @@ def bandit_settings(shards: str, output_dir: str, steps: int = 5, num_generation
 
 def train_bandit(shards: str, output_dir: str, device: str, **kw: Any) -> dict[str, Any]:
     """Run GRPO on the bandit; returns the training summary (reward per step included)."""
-    from opsynth.rl.trainer import train
+    from opsynth.train.trainer import train
 
     settings = bandit_settings(shards, output_dir, **kw)
     return train(settings, completion_to_candidate=choice_mapper(device),

@@ -16,7 +16,6 @@ old build time, never a wrong build.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import inspect
 import os
@@ -139,8 +138,9 @@ def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool 
     if failed.is_file():
         return None
     (base / "torch").mkdir(parents=True, exist_ok=True)
-    with open(base.parent / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first builder compiles; the rest wait, then reuse it
+    from opsynth.verify.timing import file_lock
+
+    with file_lock(str(base.parent / f"{key}.lock")):  # the first builder compiles; the rest wait, then reuse it
         if gch.is_file():
             return str(base)
         if failed.is_file():

@@ -5,7 +5,7 @@ PyTorch (reward >= 2) and faster than torch.compile (reward 3), geometric-mean s
 correct candidates, and the reward histogram. Every candidate is judged by the reward environment,
 so a score and a training reward always mean the same thing.
 
-Run: `python -m opsynth.rl.score --shards DIR --split heldout --candidates DIR` or
+Run: `python -m opsynth.train.score --shards DIR --split heldout --candidates DIR` or
 `--policy PATH_OR_ID`, or `python -m pipelines.evaluate mode=score ...`.
 """
 
@@ -16,52 +16,9 @@ import json
 import math
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-REWARD_LEVELS = (-1, 1, 2, 3)
-
-
-@dataclass
-class EvalRecord:
-    """What scoring keeps of one evaluation: the reward, why, and the measured speedups."""
-
-    task_id: str | None
-    reward: float
-    correct: bool
-    reason: str = ""
-    speedup_eager: float | None = None  # eager time / candidate time
-    speedup_compile: float | None = None  # torch.compile time / candidate time
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _time_of(times: Any, *names: str) -> float | None:
-    if not isinstance(times, dict):
-        times = getattr(times, "__dict__", {}) or {}
-    for n in names:
-        v = times.get(n)
-        if isinstance(v, (int, float)) and v > 0 and math.isfinite(v):
-            return float(v)
-    return None
-
-
-def record_from_result(result: Any, task_id: str | None = None) -> EvalRecord:
-    """An `EvalResult` of the reward environment, reduced to an `EvalRecord`."""
-    times = getattr(result, "times", None) or {}
-    cand = _time_of(times, "candidate_ms", "candidate", "new_ms", "model_new_ms", "t_ms")
-    eager = _time_of(times, "eager_ms", "eager", "ref_ms", "reference_ms")
-    comp = _time_of(times, "compile_ms", "compile", "compiled_ms")
-    correct = bool(getattr(result, "correct", False))
-    return EvalRecord(
-        task_id=task_id,
-        reward=float(getattr(result, "reward", -1)),
-        correct=correct,
-        reason=str(getattr(result, "reason", "") or ""),
-        speedup_eager=(eager / cand) if (correct and cand and eager) else None,
-        speedup_compile=(comp / cand) if (correct and cand and comp) else None,
-    )
+from opsynth.train.records import REWARD_LEVELS, EvalRecord, record_from_result  # noqa: F401 - re-exported
 
 
 def _geomean(values: Iterable[float | None]) -> float | None:
@@ -130,7 +87,7 @@ def score_candidates(
     rows: list[dict[str, Any]], folder: str, eval_cfg: Any = None
 ) -> list[EvalRecord]:
     """Evaluate the candidate files in `folder` against their tasks; a missing file scores -1."""
-    from opsynth.rl.train_reward import KernelReward
+    from opsynth.train.reward_fn import KernelReward
 
     reward = KernelReward(eval_cfg)
     present = [(r, find_candidate(folder, r["task_id"])) for r in rows]
@@ -149,7 +106,7 @@ def generate_completions(
     """Sample completions from a policy for each task (greedy when temperature is 0)."""
     import torch
 
-    from opsynth.rl.prompts import build_messages, build_prompt
+    from opsynth.train.prompts import build_messages, build_prompt
 
     device = next(model.parameters()).device
     model.eval()
@@ -176,7 +133,7 @@ def score_policy(
     model, tokenizer, rows: list[dict[str, Any]], chat: bool, eval_cfg: Any = None, **gen: Any
 ) -> list[EvalRecord]:
     """Generate with the policy, then evaluate every completion."""
-    from opsynth.rl.train_reward import KernelReward
+    from opsynth.train.reward_fn import KernelReward
 
     pairs = generate_completions(model, tokenizer, rows, chat, **gen)
     reward = KernelReward(eval_cfg)
@@ -189,20 +146,20 @@ def score(
     eval_cfg: Any = None, samples_per_task: int = 1, max_new_tokens: int = 1024, temperature: float = 0.0,
 ) -> dict[str, Any]:
     """Score candidates or a policy on a split of the shards; print the table, optionally write JSON."""
-    from opsynth.rl.data import select_tasks
+    from opsynth.train.data import select_tasks
 
     if (candidates is None) == (policy is None):
         raise ValueError("give exactly one of candidates=DIR or policy=PATH_OR_ID")
     rows = select_tasks(shards, split=split, heldout_fraction=heldout_fraction, limit=limit)
     if eval_cfg is None:
-        from opsynth.rl.eval_types import RewardConfig
+        from opsynth.reward.eval_types import RewardConfig
 
         eval_cfg = RewardConfig(build_workers=build_workers)
     if candidates is not None:
         records = score_candidates(rows, candidates, eval_cfg)
         what = f"candidates {candidates}"
     else:
-        from opsynth.rl.policy import PolicyConfig, load_policy
+        from opsynth.train.policy import PolicyConfig, load_policy
 
         cache = os.path.join(out or ".", "policy_cache") if out else os.path.join("outputs", "score_policy_cache")
         model, tok, chat = load_policy(PolicyConfig(name_or_path=policy), cache, corpus=[r["code"] for r in rows])

@@ -37,7 +37,7 @@ class RewardConfig:
     # cpu; 2 on cuda, where forward runs on the GPU and a dozen children share the cores with compilers)
     static_check: bool = True  # quick AST/source pre-check before anything runs
     cache_dir: str | None = None  # None: default_cache_dir()
-    shared_pch: bool = True  # precompile torch/extension.h once per flag set for all builds (gcc; opsynth.rl.pch)
+    shared_pch: bool = True  # precompile torch/extension.h once per flag set for all builds (gcc; opsynth.reward.pch)
     build_timeout_s: float = 900.0
     run_timeout_s: float = 300.0
     reference_timeout_s: float = 600.0
@@ -96,11 +96,9 @@ class RewardConfig:
     def from_dict(cls, d: dict | None) -> "RewardConfig":
         """From a plain mapping (a Hydra node as a dict); unknown keys are an error, so a typo in
         YAML or on the command line does not pass silently."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d or {}) - names)
-        if unknown:
-            raise ValueError(f"unknown RewardConfig keys: {unknown} (valid: {sorted(names)})")
-        return cls(**dict(d or {}))
+        from opsynth.config import build
+
+        return build(cls, d, "reward")
 
 
 @dataclass

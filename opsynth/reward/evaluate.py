@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsynth.rl.candidate import CandidateSpec, extract_candidate, resolve_candidate
-from opsynth.rl.eval_types import EvalResult, RewardConfig, reward_from_times
+from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
+from opsynth.reward.eval_types import EvalResult, RewardConfig, reward_from_times
 
 __all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
 
@@ -52,8 +52,8 @@ def _tmpdir(prefix: str) -> Path:
 
 
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Reference:
-    from opsynth.rl import baseline_cache
-    from opsynth.rl.sandbox import run_child
+    from opsynth.reward import baseline_cache
+    from opsynth.reward.sandbox import run_child
 
     scratch = _tmpdir("opsynth_ref_")
     (scratch / "task.py").write_text(task_code)
@@ -78,7 +78,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": str(cfg.resolved_cache_dir() / "device.lock"),
     }
-    res = run_child("opsynth.rl.reference_runner", job, scratch, cfg.reference_timeout_s, cfg)
+    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg)
     if res.reason != "ok":
         return _Reference(False, "reference_" + res.reason, res.log, scratch)
     import torch
@@ -137,21 +137,21 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
 
 def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
     """Run the candidate's module top level once (compiling its extensions into the shared cache)."""
-    from opsynth.rl.sandbox import run_child
+    from opsynth.reward.sandbox import run_child
 
     job = _candidate_job(spec, None, cfg, device, scratch, "build")
     job["cpu_threads"] = 1  # it only compiles: no torch thread pools to spin next to the compilers
-    return run_child("opsynth.rl.candidate_runner", job, scratch, cfg.build_timeout_s, cfg)
+    return run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg)
 
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
-    from opsynth.rl.compare import judge_outputs
-    from opsynth.rl.sandbox import run_child
+    from opsynth.reward.compare import judge_outputs
+    from opsynth.reward.sandbox import run_child
 
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     # The first run of a fresh build compiles inside this child too, so allow for it.
-    res = run_child("opsynth.rl.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, stdin_bytes=ref.data)
+    res = run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, stdin_bytes=ref.data)
     log = (build_log + "\n" + res.log).strip()
     if res.reason != "ok":
         return EvalResult.rejected(res.reason, log, times, device)
@@ -172,7 +172,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
 
 
 def _precheck(candidate: str | Path, cfg: RewardConfig, device: str) -> tuple[CandidateSpec | None, EvalResult | None]:
-    from opsynth.rl.static_check import static_check
+    from opsynth.reward.static_check import static_check
 
     try:
         spec = resolve_candidate(candidate)
@@ -254,7 +254,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
     def build(digest):
         i = by_digest[digest][0]
         if not cfg.resolved_prebuild(device):  # the measuring child builds inline (one process per candidate)
-            from opsynth.rl.sandbox import ChildResult
+            from opsynth.reward.sandbox import ChildResult
 
             return digest, ChildResult("ok")
         return digest, _build(specs[i], cfg, device, scratches[i])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 
-from opsynth.rl.candidate import CandidateSpec
+from opsynth.reward.candidate import CandidateSpec
 
 # torch.<name>(...) calls that create tensors or read metadata; every other torch.<name> call is compute.
 TORCH_ALLOWED_CALLS = {

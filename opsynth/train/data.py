@@ -23,8 +23,17 @@ SPLITS = ("train", "heldout", "all")
 
 
 def _local_parquet_files(folder: str) -> list[str]:
-    """Shard files of a local folder: the Hub layout first (`data/*.parquet`), then flat files."""
-    for pattern in ("data/train-*.parquet", "data/*.parquet", "*.parquet", "**/*.parquet"):
+    """Shard files of a local folder: an opsynth dataset's shards in row order (the shard writer's own
+    listing), else any Parquet files (an Ops-6K download, say), read here with a tolerant schema."""
+    from opsynth.shards import list_shards
+
+    try:
+        shards = list_shards(folder)
+    except ValueError as e:  # a gap in an opsynth folder's shard indices: say so rather than read part of it
+        raise FileNotFoundError(str(e)) from None
+    if shards:
+        return [str(s.path) for s in shards]
+    for pattern in ("data/*.parquet", "*.parquet", "**/*.parquet"):
         files = sorted(glob.glob(os.path.join(folder, pattern), recursive=True))
         if files:
             return files

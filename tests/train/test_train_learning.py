@@ -1,6 +1,6 @@
 """GRPO with the real reward environment in the loop measurably raises the mean reward.
 
-The policy is `opsynth.rl.train_bandit`'s one-token Qwen2: token `A`, `B` or `C` picks one of three
+The policy is `opsynth.train.bandit`'s one-token Qwen2: token `A`, `B` or `C` picks one of three
 known C++ `load_inline` candidates for one task (correct and fast, correct and slow, wrong); any
 other token is an answer without code. The reward environment compiles and runs each candidate for
 real on the CPU backend, and GRPO must shift probability toward the fast, correct one within a few
@@ -19,8 +19,8 @@ pytest.importorskip("trl")
 
 @pytest.mark.slow
 def test_grpo_raises_mean_reward_with_real_reward_environment(tmp_path):
-    pytest.importorskip("opsynth.rl.evaluate")
-    from opsynth.rl.train_bandit import task_source, train_bandit, write_task_shards
+    pytest.importorskip("opsynth.reward.evaluate")
+    from opsynth.train.bandit import task_source, train_bandit, write_task_shards
 
     shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=4)
     out = str(tmp_path / "run")

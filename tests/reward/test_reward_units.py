@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from opsynth.rl import RewardConfig, extract_candidate
-from opsynth.rl.candidate import resolve_candidate
-from opsynth.rl.compare import judge_outputs
-from opsynth.rl.eval_types import reward_from_times
-from opsynth.rl.static_check import static_check
-from opsynth.rl.task_io import with_second_shape
+from opsynth.reward import RewardConfig, extract_candidate
+from opsynth.reward.candidate import resolve_candidate
+from opsynth.reward.compare import judge_outputs
+from opsynth.reward.eval_types import reward_from_times
+from opsynth.reward.static_check import static_check
+from opsynth.render.task_file import with_second_shape
 
 CANDS = Path(__file__).parent / "candidates"
 PRELUDE = (CANDS / "cpu" / "ext_prelude.py").read_text()
@@ -151,7 +151,7 @@ def test_second_shape_rewrites_batch_size_only():
 def test_reward_config_rejects_unknown_keys():
     """A typo in conf/evaluate.yaml's reward block (or reward_env in training) must not pass silently."""
     assert RewardConfig.from_dict({"measure_workers": 3}).measure_workers == 3
-    with pytest.raises(ValueError, match="unknown RewardConfig keys: \\['timeout_s'\\]"):
+    with pytest.raises(ValueError, match="unknown reward setting\\(s\\) \\['timeout_s'\\]"):
         RewardConfig.from_dict({"timeout_s": 120})
 
 
@@ -169,7 +169,7 @@ def test_per_device_defaults_leave_cores_to_the_compilers(monkeypatch):
 
 
 def test_training_keeps_the_rewards_build_workers_unless_told():
-    from opsynth.rl.trainer import TrainSettings, reward_env_config
+    from opsynth.train.trainer import TrainSettings, reward_env_config
 
     assert reward_env_config(TrainSettings(shards=".")).build_workers is None
     assert reward_env_config(TrainSettings(shards=".", reward_workers=3)).build_workers == 3

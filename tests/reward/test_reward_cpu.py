@@ -1,6 +1,6 @@
 """End to end on the CPU backend: C++ load_inline candidates against fixture tasks.
 
-All candidates share one extension source (tests/rl/candidates/cpu/ext_prelude.py), so the
+All candidates share one extension source (tests/reward/candidates/cpu/ext_prelude.py), so the
 content-addressed build cache compiles it once for the session. Adversarial candidates run with the
 static pre-check off: the runtime guards must catch each one by themselves.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from opsynth.rl import RewardConfig, evaluate, evaluate_many
+from opsynth.reward import RewardConfig, evaluate, evaluate_many
 
 # The batch fixtures start one child per candidate (~20 of them); on a loaded 2-core machine that
 # alone can pass pytest-timeout's default 600 s.

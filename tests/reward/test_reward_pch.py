@@ -1,4 +1,4 @@
-"""The shared precompiled torch/extension.h (opsynth.rl.pch) is built once and accepted by torch's builds."""
+"""The shared precompiled torch/extension.h (opsynth.reward.pch) is built once and accepted by torch's builds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 import torch.utils.cpp_extension as ce  # noqa: E402
 
-from opsynth.rl.pch import pch_include_dir  # noqa: E402
+from opsynth.reward.pch import pch_include_dir  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(900),
@@ -59,14 +59,14 @@ def test_pch_failure_is_recorded_and_the_build_goes_on_without_it(tmp_path):
 
 
 def test_include_paths_do_not_split_the_pch_key():
-    from opsynth.rl.pch import _without_include_paths
+    from opsynth.reward.pch import _without_include_paths
 
     flags = ["-O3", "-I", "/scratch/a/kernels", "-I/scratch/b", "-isystem", "/x", "-DFOO=1"]
     assert _without_include_paths(flags) == ["-O3", "-DFOO=1"]
 
 
 def test_only_sources_that_start_with_torch_extension_h_use_the_pch(tmp_path):
-    from opsynth.rl.guards import _first_include
+    from opsynth.reward.guards import _first_include
 
     a = tmp_path / "a.cpp"
     a.write_text("// binding\n#include <torch/extension.h>\n#include <vector>\n")

@@ -1,6 +1,6 @@
 """Reference child: Model's weights, fresh inputs, reference outputs, and eager / compile timings.
 
-`python -m opsynth.rl.reference_runner job.json`. Seeds come from the parent; the candidate only
+`python -m opsynth.reward.reference_runner job.json`. Seeds come from the parent; the candidate only
 ever sees the inputs file, after this child has exited.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 
-from opsynth.rl.sandbox import child_main, device_lock
+from opsynth.reward.sandbox import child_main, device_lock
 
 
 def _to_cpu(x):
@@ -46,7 +46,7 @@ def run(job: dict) -> dict:
 def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
     import torch
 
-    from opsynth.rl.timing import time_forward
+    from opsynth.reward.timing import time_forward
 
     try:
         t0 = time.perf_counter()
@@ -67,8 +67,9 @@ def _run(job: dict):
     compile baseline needs, or None)."""
     import torch
 
-    from opsynth.rl.task_io import as_output_list, load_task_module, with_second_shape
-    from opsynth.rl.timing import Timer, time_forward
+    from opsynth.render.task_file import load_task_module, with_second_shape
+    from opsynth.reward.compare import as_output_list
+    from opsynth.reward.timing import Timer, time_forward
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))

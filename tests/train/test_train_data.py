@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from opsynth.rl.data import curriculum_order, load_rows, select_tasks, split_rows
-from opsynth.rl.prompts import KERNEL_BRIEF, build_prompt, completion_text, prompt_record
+from opsynth.train.data import curriculum_order, load_rows, select_tasks, split_rows
+from opsynth.train.prompts import KERNEL_BRIEF, build_prompt, completion_text, prompt_record
 
 
 def _rows(n: int):

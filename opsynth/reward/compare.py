@@ -7,6 +7,13 @@ outputs, tolerance (atol = rtol = 1e-2), the second shape, then the outputs prod
 from __future__ import annotations
 
 
+def as_output_list(out) -> list:
+    """A forward's result as a list of outputs (a lone tensor becomes a one-item list)."""
+    if isinstance(out, (tuple, list)):
+        return list(out)
+    return [out]
+
+
 def _cmp(ref, out, cfg) -> tuple[str, str]:
     """'ok' or a named reason for one output tensor."""
     import torch

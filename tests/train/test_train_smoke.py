@@ -75,7 +75,7 @@ def test_default_config_is_the_offline_smoke_policy():
 
 
 def test_unknown_trainer_key_is_rejected(tmp_path):
-    from opsynth.rl.trainer import TrainSettings, grpo_config
+    from opsynth.train.trainer import TrainSettings, grpo_config
 
     with pytest.raises(ValueError, match="no field"):
         grpo_config(TrainSettings(shards=".", output_dir=str(tmp_path), trainer={"group_size": 8}))
@@ -83,7 +83,7 @@ def test_unknown_trainer_key_is_rejected(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_policy_trains_and_resumes_from_the_readme_command(tmp_path):
-    pytest.importorskip("opsynth.rl.evaluate")
+    pytest.importorskip("opsynth.reward.evaluate")
     from pipelines.train import run
 
     out = tmp_path / "run"

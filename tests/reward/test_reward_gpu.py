@@ -1,6 +1,6 @@
 """The CUDA and Triton side of the reward environment (run on the H200; skipped without a GPU).
 
-One nvcc build (tests/rl/candidates/cuda/ext_prelude.py) serves all CUDA candidates.
+One nvcc build (tests/reward/candidates/cuda/ext_prelude.py) serves all CUDA candidates.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opsynth.rl import RewardConfig, evaluate_many
+from opsynth.reward import RewardConfig, evaluate_many
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

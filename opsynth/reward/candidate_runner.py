@@ -1,6 +1,6 @@
 """Candidate child: build (mode "build") or run, check and time (mode "measure") one ModelNew.
 
-`python -m opsynth.rl.candidate_runner job.json`. Never sees the task source or reference outputs:
+`python -m opsynth.reward.candidate_runner job.json`. Never sees the task source or reference outputs:
 only the inputs, the reference weights and the expected output shapes (to poison memory with).
 """
 
@@ -16,7 +16,7 @@ import types
 
 from contextlib import ExitStack
 
-from opsynth.rl.sandbox import child_main, device_lock
+from opsynth.reward.sandbox import child_main, device_lock
 
 _T_IMPORT = time.perf_counter()  # child start (before torch is imported): setup_s counts from here
 
@@ -32,11 +32,11 @@ class Reject(Exception):
 def _install(job):
     import torch
 
-    from opsynth.rl import guards
+    from opsynth.reward import guards
 
     audit = guards.OpAudit()
     guards.Blocker(audit).install()
-    from opsynth.rl.pch import pch_root
+    from opsynth.reward.pch import pch_root
 
     pch = pch_root(job["cache_dir"]) if job.get("shared_pch", True) else None
     tracker = guards.ExtensionTracker(audit, os.path.join(job["cache_dir"], "torch_extensions"), pch)
@@ -53,7 +53,7 @@ def _load_candidate(job, tracker):
     if job.get("workspace"):
         import torch.utils.cpp_extension as ce
 
-        from opsynth.rl.candidate import KERNEL_SUFFIXES, WORKSPACE_EXTENSION_NAME
+        from opsynth.reward.candidate import KERNEL_SUFFIXES, WORKSPACE_EXTENSION_NAME
 
         srcs = sorted(f for f in glob.glob(os.path.join(cand_dir, "kernels", "*")) if f.endswith((".cu", ".cpp", ".cc")))
         if not srcs:
@@ -80,7 +80,7 @@ def _load_candidate(job, tracker):
         exec(compile(source, path, "exec"), mod.__dict__)
     except SyntaxError as e:
         raise Reject("syntax_error", str(e))
-    except BaseException as e:
+    except BaseException:
         if tracker.build_failed:
             raise Reject("build_error", tracker.build_failed)
         raise Reject("import_error", traceback.format_exc()[-4000:])
@@ -107,7 +107,7 @@ def _poison(torch, meta, device):
 
     Belt and braces: the audit also NaN-fills every torch.empty* made during a checked call.
     """
-    from opsynth.rl.guards import poison_fill
+    from opsynth.reward.guards import poison_fill
 
     for shape, dtype in meta or []:
         p = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
@@ -124,10 +124,7 @@ def _same_bits(torch, a, b) -> bool:
     return torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8), b.detach().reshape(-1).contiguous().view(torch.uint8))
 
 
-def _outputs_list(out):
-    if isinstance(out, (tuple, list)):
-        return list(out)
-    return [out]
+from opsynth.reward.compare import as_output_list as _outputs_list  # noqa: E402
 
 
 def measure(job) -> dict:
@@ -141,7 +138,7 @@ def measure(job) -> dict:
     if cuda:
         torch.ones(1, device="cuda").add_(1)
         torch.cuda.synchronize()
-    from opsynth.rl import candidate_runner, timing
+    from opsynth.reward import candidate_runner, timing
 
     snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner])
     init_inputs = torch.load(job["init_path"], weights_only=True)

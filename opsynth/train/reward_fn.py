@@ -18,8 +18,8 @@ import os
 import threading
 from typing import Any, Callable
 
-from opsynth.rl.prompts import completion_text
-from opsynth.rl.score import EvalRecord, record_from_result
+from opsynth.train.prompts import completion_text
+from opsynth.train.records import EvalRecord, record_from_result
 
 REWARD_LEVELS = (-1, 1, 2, 3)
 
@@ -28,7 +28,7 @@ def _evaluate_many(pairs: list[tuple[str, str]], eval_cfg: Any) -> list[Any]:
     # Imported lazily so the rest of the training stage imports without the reward environment.
     # evaluate_many builds candidates in parallel and measures them one at a time on the device,
     # with one reference run per distinct task in the batch.
-    from opsynth.rl.evaluate import evaluate_many
+    from opsynth.reward.evaluate import evaluate_many
 
     return evaluate_many(pairs, eval_cfg)
 
@@ -39,7 +39,7 @@ def _as_candidate(text: str) -> str | None:
     Extracting here (rather than handing the raw text over) also means a completion is never
     mistaken for a path on disk: extracted code always ends with a newline.
     """
-    from opsynth.rl.candidate import extract_candidate
+    from opsynth.reward.candidate import extract_candidate
 
     return extract_candidate(text)
 
@@ -70,7 +70,7 @@ def _children_on_this_rank_gpu():
 
 
 class KernelReward:
-    """A TRL reward function backed by `opsynth.rl.evaluate.evaluate`.
+    """A TRL reward function backed by `opsynth.reward.evaluate.evaluate`.
 
     `completion_to_candidate` maps a completion's text to the candidate handed to the reward
     environment (default: the text itself, from which the environment extracts the fenced code).

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from opsynth.rl.score import EvalRecord, format_table, record_from_result, summarize
-from opsynth.rl.train_reward import KernelReward
+from opsynth.train.score import EvalRecord, format_table, record_from_result, summarize
+from opsynth.train.reward_fn import KernelReward
 
 
 def _verdict(reward, cand_ms=None, eager_ms=4.0, compile_ms=2.0):
@@ -72,9 +72,9 @@ def test_reward_env_crash_is_a_named_minus_one():
 
 @pytest.mark.slow
 def test_evaluate_mode_score_scores_a_folder_of_candidate_files(tmp_path):
-    pytest.importorskip("opsynth.rl.evaluate")
-    from opsynth.rl.data import load_rows
-    from opsynth.rl.train_bandit import candidates, task_source, write_task_shards
+    pytest.importorskip("opsynth.reward.evaluate")
+    from opsynth.train.data import load_rows
+    from opsynth.train.bandit import candidates, task_source, write_task_shards
     from pipelines.evaluate import run
 
     shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=3)

@@ -259,7 +259,7 @@ class ExtensionTracker:
     def __init__(self, audit: OpAudit, ext_root: str, pch_root: str | None = None):
         self.audit = audit
         self.ext_root = ext_root
-        self.pch_root = pch_root  # None: no shared precompiled header (see opsynth.rl.pch)
+        self.pch_root = pch_root  # None: no shared precompiled header (see opsynth.reward.pch)
         self.calls = 0
         self.build_failed: str | None = None
         self.build_s = 0.0
@@ -298,7 +298,7 @@ class ExtensionTracker:
         """
         if not self.pch_root or skip:  # e.g. options passed positionally: leave the call alone
             return kwargs
-        from opsynth.rl.pch import pch_include_dir
+        from opsynth.reward.pch import pch_include_dir
 
         cflags = kwargs.get("extra_cflags") or []
         if isinstance(cflags, str):

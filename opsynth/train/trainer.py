@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from opsynth.rl.data import select_tasks
-from opsynth.rl.policy import PolicyConfig, load_policy
-from opsynth.rl.prompts import KERNEL_BRIEF, prompt_record
+from opsynth.train.data import select_tasks
+from opsynth.train.policy import PolicyConfig, load_policy
+from opsynth.train.prompts import KERNEL_BRIEF, prompt_record
 
 # GRPOConfig values we set unless the trainer config says otherwise. Asymmetric clipping
 # (0.2 / 0.28) follows CUDA-Agent (and DAPO's clip-higher); logging every step keeps the curve.
@@ -87,7 +87,7 @@ def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
 
 def reward_env_config(settings: TrainSettings):
     """The reward environment's `RewardConfig`; `reward_workers` sets how many candidates build at once."""
-    from opsynth.rl.eval_types import RewardConfig
+    from opsynth.reward.eval_types import RewardConfig
 
     values = dict(settings.reward_env)
     if settings.reward_workers:
@@ -131,8 +131,8 @@ def train(
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from opsynth.rl.train_metrics import MetricsJsonl, read_metrics
-    from opsynth.rl.train_reward import KernelReward
+    from opsynth.train.metrics import MetricsJsonl, read_metrics
+    from opsynth.train.reward_fn import KernelReward
 
     os.makedirs(settings.output_dir, exist_ok=True)
     rows = select_tasks(
