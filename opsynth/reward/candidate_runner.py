@@ -18,7 +18,7 @@ from contextlib import ExitStack
 
 from opsynth.reward.sandbox import child_main, device_lock
 
-_T_IMPORT = time.perf_counter()  # child start (before torch is imported): setup_s counts from here
+_T_IMPORT = time.perf_counter()  # child start: setup_s counts from here (reset at each fork by sandbox.run_job)
 
 CUDA_LIBRARY_KERNELS = ("at::", "at_cuda_detail", "cublas", "cutlass", "gemm", "gemv", "xmma", "nvjet", "cudnn", "Memcpy", "Memset", "cub::", "splitKreduce")
 
@@ -36,10 +36,9 @@ def _install(job):
 
     audit = guards.OpAudit()
     guards.Blocker(audit).install()
-    from opsynth.reward.pch import pch_root
+    from opsynth.reward import sandbox
 
-    pch = pch_root(job["cache_dir"]) if job.get("shared_pch", True) else None
-    tracker = guards.ExtensionTracker(audit, os.path.join(job["cache_dir"], "torch_extensions"), pch)
+    tracker = guards.ExtensionTracker(audit, sandbox.BUILD_FD)  # builds go to the trusted build service
     tracker.install()
     audit.__enter__()  # stays on the mode stack for the child's life; it only acts while armed
     return torch, guards, audit, tracker
@@ -95,7 +94,7 @@ def build(job) -> dict:
     except Reject as r:
         print(r.detail, flush=True)
         return {"reason": r.reason, "detail": r.detail[-2000:]}
-    return {"reason": "ok", "build_s": time.perf_counter() - t0, "extensions": tracker.modules}
+    return {"reason": "ok", "build_s": time.perf_counter() - t0, "extensions": tracker.modules, "builds": tracker.builds}
 
 
 def _device_inputs(torch, trial, device):
@@ -276,6 +275,7 @@ def measure(job) -> dict:
             # The candidate's own code must have run: counted extension calls, or on CUDA its kernels.
             launched = tracker.calls > 0
             kernels: list[str] = []
+            kernel_times: list = []  # [name, microseconds] of the candidate's own kernels, slowest first
             if cuda:
                 from torch.profiler import ProfilerActivity, profile
 
@@ -292,6 +292,10 @@ def measure(job) -> dict:
                 )
                 own = [e for e in dev_events[1:] if not any(p in e.name for p in CUDA_LIBRARY_KERNELS)]
                 kernels = sorted({e.name for e in own})
+                by_name: dict = {}
+                for e in own:
+                    by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+                kernel_times = sorted(([n, round(us, 2)] for n, us in by_name.items()), key=lambda x: -x[1])
                 if dev_events:
                     timed_stream = getattr(dev_events[0], "device_resource_id", None)
                     elsewhere = sorted({e.name for e in dev_events[1:] if getattr(e, "device_resource_id", None) != timed_stream})
@@ -323,7 +327,7 @@ def measure(job) -> dict:
             print(f"[candidate] setup {t_setup:.2f} s, checks and timing {info['locked_s']:.2f} s", flush=True)
             timing_outs = [None if x is None else [o.detach().cpu() for o in _outputs_list(x)] for x in last]
         _save({"trials": trial_outs, "second": second_outs, "timing": timing_outs}, job["outputs_path"])
-        return {"reason": "ok", "candidate_ms": cand_ms, "kernels": kernels[:20], "ext_calls": tracker.calls, **info}
+        return {"reason": "ok", "candidate_ms": cand_ms, "kernels": kernels[:20], "kernel_times": kernel_times[:10], "ext_calls": tracker.calls, "builds": tracker.builds, **info}
     except Reject as r:
         print(f"[candidate] rejected: {r.reason}: {r.detail}", flush=True)
         return {"reason": r.reason, "detail": r.detail[-2000:], **info}

@@ -42,18 +42,37 @@ class RewardConfig:
     run_timeout_s: float = 300.0
     reference_timeout_s: float = 600.0
     memory_limit_gb: float = 32.0  # RLIMIT_AS on the cpu backend (cuda reserves huge address ranges)
-    prebuild: bool | None = None  # evaluate_many: build in separate parallel children before measuring
-    # (None: on cpu yes, so every build ends before anything is timed; on cuda no: one child per candidate
-    # builds, then measures, which saves a second start-up of torch and the extension per candidate)
+    prebuild: bool | None = None  # evaluate_many: run each candidate's module top level (its builds) in a
+    # separate child first (None: yes; children fork from a warm server, so the second one is cheap, and
+    # builds overlap the reference run); on cpu every build then ends before anything is timed
     build_workers: int | None = None  # evaluate_many with prebuild: parallel builds (None: cpu_count on
     # cuda, where the compilers have the cores to themselves; cpu_count // 2 on cpu)
     measure_workers: int | None = None  # evaluate_many: children in flight (None: on cuda cpu_count without
     # prebuild, cores // 2 up to 8 with it; 1 on cpu); their checked and timed sections hold an exclusive
     # device lock, so only builds and start-up (imports, CUDA context, profiler) overlap
     keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
+    isolation: str = "auto"  # "auto"/"namespaces": confine every child (mount, net, pid namespaces), refuse
+    # to run where that is impossible; "none": unconfined, with a warning (README: Reward isolation)
+    ccache: str = "auto"  # "auto": ccache from PATH or $OPSYNTH_CCACHE in front of the compilers; "false"; or a path
+    device_index: int | None = None  # which visible GPU (None: LOCAL_RANK under accelerate, else 0)
+    remote_builds: bool = False  # evaluate_many with a Dask client: send builds to any worker
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+    def __post_init__(self):
+        from opsynth.reward.isolation import MODES
+
+        if self.isolation not in MODES:
+            raise ValueError(f"reward.isolation must be one of {list(MODES)}, got {self.isolation!r}")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"reward.device must be auto, cuda or cpu, got {self.device!r}")
+        self.ccache = str(self.ccache).lower() if isinstance(self.ccache, bool) else self.ccache
+
+    def resolved_device_index(self) -> int:
+        if self.device_index is not None:
+            return int(self.device_index)
+        return int(os.environ.get("LOCAL_RANK", "0") or 0)
 
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -72,7 +91,7 @@ class RewardConfig:
         return n if device == "cuda" else max(1, n // 2)
 
     def resolved_prebuild(self, device: str) -> bool:
-        return self.prebuild if self.prebuild is not None else device != "cuda"
+        return self.prebuild if self.prebuild is not None else True
 
     def resolved_measure_workers(self, device: str) -> int:
         if self.measure_workers:
@@ -111,6 +130,7 @@ class EvalResult:
     times: dict = field(default_factory=dict)  # candidate_ms, eager_ms, compile_ms (None when unmeasured)
     log: str = ""
     device: str = ""
+    details: dict = field(default_factory=dict)  # structured extras: detail (why), kernels, kernel_times, builds
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,18 +1,24 @@
 """Reward for one candidate kernel (or many): sandboxed, hack-resistant, -1 / 1 / 2 / 3.
 
-Flow of one evaluation (every untrusted step in its own child process, with timeout and limits):
+Flow of one evaluation (every untrusted step in its own confined child, forked from a warm server,
+with timeout and limits; see opsynth.reward.sandbox and .isolation):
 
 1. resolve the candidate (source, file, workspace, or fenced code in a completion) and pre-check it
    statically (cheap rejections first);
 2. reference child: builds Model, draws fresh inputs from seeds chosen here, saves its weights,
    inputs and outputs to a scratch dir, and times eager and torch.compile (cached per task, device,
-   torch version); the parent loads the outputs and deletes the file before any candidate runs;
-3. candidate child, build phase (CPU; in `evaluate_many` on cpu, a separate child per candidate, in
-   parallel; otherwise inside the measuring child): runs the module top level, which compiles its
-   extensions into a content-addressed cache;
-4. candidate child, measure phase (serialised on the device): runs ModelNew under the guards,
-   saves its outputs, times it;
+   torch version, signed by this process); the parent loads the outputs and deletes the files before
+   any candidate runs;
+3. candidate child: runs the module top level; its `load_inline` calls are built by the trusted
+   build service (opsynth.reward.builds: content-addressed extension cache, ccache per translation
+   unit, shared PCH), and it loads the result read-only. On the cpu backend `evaluate_many` first runs
+   every candidate's top level in a separate child ("prebuild") so no build runs beside a timing;
+4. the same child, measure phase (serialised per device): runs ModelNew under the guards, saves its
+   outputs, times it;
 5. the parent compares outputs with the reference and applies the reward rule.
+
+`evaluate_many(..., client=)` spreads a batch over a Dask cluster: each GPU worker evaluates its
+share under its own device lock, and with `remote_builds` the builds go to any worker.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -51,6 +59,45 @@ def _tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
+_services: dict = {}
+_services_lock = threading.Lock()
+
+
+def build_service(cfg: RewardConfig, device: str, log=None):
+    """The build service of this process for a cache and device (one, shared by every batch)."""
+    from opsynth.reward.builds import BuildService
+
+    key = (str(cfg.resolved_cache_dir()), device, str(cfg.ccache), cfg.shared_pch)
+    with _services_lock:
+        svc = _services.get(key)
+        if svc is None:
+            svc = _services[key] = BuildService(cfg, device, log=log)
+        elif log is not None:
+            svc.log = log
+        return svc
+
+
+def _lock_path(cfg: RewardConfig, device: str) -> str:
+    """The device's one lock (shared with the verifier), created here so a confined child can open it."""
+    from opsynth.verify.timing import device_lock_path
+
+    path = device_lock_path(device, cfg.resolved_device_index())
+    try:
+        open(path, "a").close()
+    except OSError:
+        pass
+    return path
+
+
+def _device_env(cfg: RewardConfig, device: str) -> dict:
+    """Children see exactly this process's GPU (under several ranks or workers, each its own)."""
+    if device != "cuda":
+        return {}
+    from opsynth.verify.timing import gpu_key
+
+    return {"CUDA_VISIBLE_DEVICES": gpu_key(cfg.resolved_device_index())}
+
+
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Reference:
     from opsynth.reward import baseline_cache
     from opsynth.reward.sandbox import run_child
@@ -76,9 +123,9 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         "init_path": str(scratch / "init.pt"),
         "ref_outputs_path": str(scratch / "ref_outputs.pt"),
         "result_path": str(scratch / "ref_result.json"),
-        "device_lock": str(cfg.resolved_cache_dir() / "device.lock"),
+        "device_lock": _lock_path(cfg, device),
     }
-    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg)
+    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, env_extra=_device_env(cfg, device))
     if res.reason != "ok":
         return _Reference(False, "reference_" + res.reason, res.log, scratch)
     import torch
@@ -113,12 +160,10 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
         "candidate_path": str(scratch / "model_new.py"),
         "workspace": bool(spec.kernel_files),
         "device": device,
-        "cache_dir": str(cfg.resolved_cache_dir()),
-        "shared_pch": cfg.shared_pch,
         "cpu_threads": cfg.resolved_cpu_threads(device),
         "memory_limit_gb": cfg.memory_limit_gb,
         "result_path": str(scratch / f"cand_{mode}.json"),
-        "device_lock": str(cfg.resolved_cache_dir() / "device.lock"),
+        "device_lock": _lock_path(cfg, device),
     }
     if ref is not None and ref.job is not None:
         job.update(
@@ -140,8 +185,9 @@ def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
     from opsynth.reward.sandbox import run_child
 
     job = _candidate_job(spec, None, cfg, device, scratch, "build")
-    job["cpu_threads"] = 1  # it only compiles: no torch thread pools to spin next to the compilers
-    return run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg)
+    job["cpu_threads"] = 1  # it only waits for builds: no torch thread pools next to the compilers
+    return run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg,
+                     build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
 
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
@@ -151,10 +197,14 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     # The first run of a fresh build compiles inside this child too, so allow for it.
-    res = run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, stdin_bytes=ref.data)
+    res = run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, stdin_bytes=ref.data,
+                    build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
     log = (build_log + "\n" + res.log).strip()
+    details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
     if res.reason != "ok":
-        return EvalResult.rejected(res.reason, log, times, device)
+        out = EvalResult.rejected(res.reason, log, times, device)
+        out.details = details
+        return out
     times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
     times["candidate_ms"] = res.data.get("candidate_ms")
     times["build_s"] = res.data.get("build_s")
@@ -166,9 +216,11 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     verdict, detail = judge_outputs(ref.outputs, cand, cfg)
     log = (log + "\n" + detail).strip()
     if verdict != "ok":
-        return EvalResult.rejected(verdict, log, times, device)
+        out = EvalResult.rejected(verdict, log, times, device)
+        out.details = {**details, "detail": detail}
+        return out
     reward = reward_from_times(times["candidate_ms"], ref.eager_ms, ref.compile_ms, cfg.margin)
-    return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device)
+    return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
 
 
 def _precheck(candidate: str | Path, cfg: RewardConfig, device: str) -> tuple[CandidateSpec | None, EvalResult | None]:
@@ -191,43 +243,38 @@ def _cleanup(path: Path | None, cfg: RewardConfig) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = None) -> EvalResult:
-    """Reward of one candidate for one task. Never raises for anything the candidate does."""
-    cfg = cfg or RewardConfig()
-    device = cfg.resolved_device()
+def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = None, progress=None) -> EvalResult:
+    """Reward of one candidate for one task. Never raises for anything the candidate does.
+
+    The reference run (eager and torch.compile baselines) and the candidate's build overlap;
+    `progress(message)`, when given, hears one line per phase.
+    """
     t0 = time.perf_counter()
-    spec, early = _precheck(candidate, cfg, device)
-    if early is not None:
-        return early
-    ref = _prepare_reference(task_code, cfg, device)
-    scratch = _tmpdir("opsynth_cand_")
-    try:
-        if not ref.ok:
-            return EvalResult.rejected(ref.reason, ref.log, device=device)
-        result = _measure(spec, ref, cfg, device, scratch)
-    finally:
-        _cleanup(scratch, cfg)
-        _cleanup(ref.scratch, cfg)
+    result = evaluate_many([(task_code, candidate)], cfg, progress=progress)[0]
     result.times["wall_s"] = round(time.perf_counter() - t0, 3)
     return result
 
 
-def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> list[EvalResult]:
+def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client=None, progress=None) -> list[EvalResult]:
     """Evaluate (task_code, candidate) pairs, overlapping CPU builds with device measurement.
 
     `on_result(index, result)`, when given, is called (from a worker thread) as each result is known,
-    for progress reporting; an exception it raises is ignored.
+    for progress reporting; an exception it raises is ignored. `progress(message)` hears phases.
 
-    References (one per distinct task) and candidates run in `measure_workers` children, whose
-    device-sensitive sections (checked calls and timing) take an exclusive lock on the device, so
-    timings never overlap each other while other children's builds and start-up (imports, CUDA
-    context, loading the extension) do. With `prebuild` (the cpu default, where builds and timings
-    would compete for the same cores) candidates first build in `build_workers` separate children,
-    and all builds finish before anything is timed; on cuda each candidate's one child builds inline.
+    With a Dask `client`, the batch is spread over the cluster's workers (each GPU worker measures
+    its share under its own device lock; see `_evaluate_on_cluster`). Otherwise, here: references
+    (one per distinct task) and candidates run in `measure_workers` confined children, whose
+    device-sensitive sections (checked calls and timing) take the device's exclusive lock; with
+    `prebuild` (the default) every candidate first runs its module top level in a separate child,
+    which is what triggers its builds, in parallel with the references; on the cpu backend all builds
+    finish before anything is timed, since builds and timings would share the cores.
     """
     cfg = cfg or RewardConfig()
+    if client is not None:
+        return _evaluate_on_cluster(list(pairs), cfg, client, on_result, progress)
     device = cfg.resolved_device()
     pairs = list(pairs)
+    say = _sayer(progress)
     results: list[EvalResult | None] = [None] * len(pairs)
     specs: dict[int, CandidateSpec] = {}
 
@@ -245,24 +292,43 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
             report(i, early)
         else:
             specs[i] = spec
+    if not specs:
+        return [r for r in results]  # type: ignore[misc]
+    try:
+        from opsynth.reward.sandbox import isolation_enabled
+
+        isolation_enabled(cfg.isolation)  # one clear error before any child, not one per candidate
+    except RuntimeError as e:
+        raise RewardSetupError(str(e)) from None
+    build_service(cfg, device, log=say)
     build_workers = cfg.resolved_build_workers(device)
     scratches = {i: _tmpdir("opsynth_cand_") for i in specs}
     by_digest: dict[str, list[int]] = {}
     for i in specs:
         by_digest.setdefault(specs[i].digest(), []).append(i)
+    say(f"[reward] {len(specs)} candidate(s), {len(by_digest)} distinct, {len({pairs[i][0] for i in specs})} task(s) on {device}")
 
     def build(digest):
         i = by_digest[digest][0]
-        if not cfg.resolved_prebuild(device):  # the measuring child builds inline (one process per candidate)
+        if not cfg.resolved_prebuild(device):  # the measuring child builds inline
             from opsynth.reward.sandbox import ChildResult
 
             return digest, ChildResult("ok")
+        say(f"[reward] candidate {i}: running its module top level (builds its extensions)")
         return digest, _build(specs[i], cfg, device, scratches[i])
 
     ref_futs = {}
 
+    def reference(task):
+        say("[reward] reference: Model outputs, eager and torch.compile timings")
+        ref = _prepare_reference(task, cfg, device)
+        say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
+        return ref
+
     def measure(j, bres):
+        say(f"[reward] candidate {j}: checking and timing")
         res = _measure_one(j, bres)
+        say(f"[reward] candidate {j}: reward {res.reward} ({res.reason})")
         report(j, res)
         return res
 
@@ -271,11 +337,15 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
         if not ref.ok:
             return EvalResult.rejected(ref.reason, ref.log, device=device)
         if bres.reason != "ok":
-            return EvalResult.rejected(bres.reason, bres.log, device=device)
+            out = EvalResult.rejected(bres.reason, bres.log, device=device)
+            out.details = {k: bres.data[k] for k in ("detail", "builds") if bres.data.get(k) is not None}
+            return out
         res = _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
         if bres.data and bres.data.get("build_s") is not None:
-            res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # compiling, inside the build child
+            res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # the module top level, builds included
             res.times["prebuild_wall_s"] = round(bres.wall_s, 3)  # the whole build child, start to exit
+        if bres.data and bres.data.get("builds"):
+            res.details["builds"] = bres.data["builds"]
         return res
 
     try:
@@ -286,7 +356,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
                 for i in specs:
                     task = pairs[i][0]
                     if task not in ref_futs:
-                        ref_futs[task] = mpool.submit(_prepare_reference, task, cfg, device)
+                        ref_futs[task] = mpool.submit(reference, task)
 
             # On a GPU, builds (CPU) overlap timing (device). On the cpu backend they would share the
             # cores and skew every baseline and candidate timing, so all builds finish first there.
@@ -306,6 +376,8 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
             for j, fut in measure_futs.items():
                 try:
                     results[j] = fut.result()
+                except RewardSetupError:
+                    raise
                 except Exception as e:  # a harness bug must not lose the whole batch
                     results[j] = EvalResult.rejected("crashed", f"harness error: {type(e).__name__}: {e}", device=device)
     finally:
@@ -317,9 +389,105 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None) -> lis
     return [r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device) for r in results]
 
 
+class RewardSetupError(RuntimeError):
+    """The environment cannot evaluate anything here (no sandbox, no fork server): the caller's problem."""
+
+
+def _sayer(progress):
+    if progress is None:
+        return lambda msg: None
+
+    def say(msg):
+        try:
+            progress(msg)
+        except Exception:
+            pass
+
+    return say
+
+
+def cache_stats(cfg: RewardConfig | None = None, device: str | None = None) -> dict:
+    """Build-cache counters of this process (extension hits, builds) plus ccache's translation units."""
+    from opsynth.reward.builds import ccache_stats
+
+    cfg = cfg or RewardConfig()
+    device = device or cfg.resolved_device()
+    svc = build_service(cfg, device)
+    return {"extensions": svc.stats.as_dict(), "ccache": ccache_stats(svc.ccache, svc.cache_dir), "ccache_path": svc.ccache}
+
+
+# ---- on a Dask cluster --------------------------------------------------------------------------------
+
+
+def _worker_evaluate(chunk: list, cfg_dict: dict) -> list[dict]:
+    """On a Dask worker: evaluate this share of the batch with the worker's own fork server, device
+    and lock. With `remote_builds`, this worker's builds go to any worker of the cluster."""
+    cfg = RewardConfig.from_dict(cfg_dict)
+    if cfg.remote_builds:
+        from distributed import get_client
+
+        svc = build_service(cfg, cfg.resolved_device())
+        svc.remote = get_client()
+    return [r.to_dict() for r in evaluate_many(chunk, cfg)]
+
+
+def remote_build(raw: dict, cfg_dict: dict, device: str) -> dict:
+    """On any Dask worker: one trusted build; the library travels back as bytes."""
+    cfg = RewardConfig.from_dict(cfg_dict)
+    svc = build_service(cfg, device)
+    reply = svc.handle(raw)
+    if reply.get("ok"):
+        reply["so_bytes"] = (Path(reply["dir"]) / f"{reply['name']}.so").read_bytes()
+    return reply
+
+
+def _evaluate_on_cluster(pairs: list, cfg: RewardConfig, client, on_result, progress) -> list[EvalResult]:
+    """Split the batch by task over the workers (GPU workers when the cluster has them), one share each."""
+    import dataclasses
+
+    say = _sayer(progress)
+    workers = client.scheduler_info().get("workers", {})
+    gpu = {a: w for a, w in workers.items() if "GPU" in (w.get("resources") or {})}
+    targets = sorted(gpu or workers)
+    if not targets:
+        raise RewardSetupError("the Dask cluster has no workers")
+    cfg_dict = dataclasses.asdict(cfg)
+    if gpu and cfg.device == "auto":
+        cfg_dict["device"] = "cuda"
+    by_task: dict[str, list[int]] = {}
+    for i, (task, _c) in enumerate(pairs):
+        by_task.setdefault(task, []).append(i)
+    shares: list[list[int]] = [[] for _ in targets]
+    for idx in sorted(by_task.values(), key=len, reverse=True):  # largest task groups first, to the lightest share
+        min(shares, key=len).extend(idx)
+    futs = {}
+    for addr, idx in zip(targets, shares):
+        if idx:
+            kw = {"resources": {"GPU": 1}} if gpu else {"workers": [addr]}
+            futs[client.submit(_worker_evaluate, [pairs[i] for i in idx], cfg_dict, pure=False, **kw)] = idx
+    say(f"[reward] {len(pairs)} candidate(s) over {len(futs)} worker(s) ({'GPU' if gpu else 'CPU'})")
+    from distributed import as_completed as dask_completed
+
+    results: list[EvalResult | None] = [None] * len(pairs)
+    for fut in dask_completed(list(futs)):
+        idx = futs[fut]
+        try:
+            got = [EvalResult(**d) for d in fut.result()]
+        except Exception as e:  # a lost worker fails its share, not the batch
+            got = [EvalResult.rejected("crashed", f"worker failed: {type(e).__name__}: {e}") for _ in idx]
+        for i, r in zip(idx, got):
+            results[i] = r
+            if on_result is not None:
+                try:
+                    on_result(i, r)
+                except Exception:
+                    pass
+    return [r if r is not None else EvalResult.rejected("crashed", "not evaluated") for r in results]
+
+
 def main_json(task_path: str, candidate_path: str, cfg: RewardConfig | None = None) -> dict:
-    """One evaluation from files, as a JSON-ready dict (used by pipelines.evaluate)."""
-    res = evaluate(Path(task_path).read_text(), Path(candidate_path), cfg)
+    """One evaluation from files, as a JSON-ready dict."""
+    res = evaluate(Path(task_path).read_text(), Path(candidate_path), cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
     return res.to_dict()
 
 

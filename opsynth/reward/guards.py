@@ -15,7 +15,6 @@ the static pre-check only saves time on the obvious cases.
 from __future__ import annotations
 
 import functools
-import hashlib
 import threading
 import types
 
@@ -234,43 +233,24 @@ def new_python_threads(baseline: set[int]) -> list[str]:
     return [t.name for t in threading.enumerate() if t.ident not in baseline and t.is_alive()]
 
 
-def _first_include(path: str | None = None, text: str | None = None) -> str | None:
-    """The first header a C++ source (a file, or text) includes; gcc uses a PCH only for that one."""
-    import re
-
-    if text is None:
-        try:
-            with open(path, errors="replace") as f:
-                text = f.read()
-        except OSError:
-            return None
-    m = re.search(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', text, re.M)
-    return m.group(1) if m else None
-
-
 class ExtensionTracker:
-    """Intercepts torch.utils.cpp_extension.load_inline / load.
+    """Intercepts torch.utils.cpp_extension.load_inline / load in the candidate's child.
 
-    Builds go to <cache>/torch_extensions/<name>_<hash of sources and flags>, so identical extension
-    sources (even in different candidates) build once, and different ones never clobber each other.
-    The returned module is wrapped so calls into its functions are counted while the audit is armed.
+    The child never compiles: the call's arguments go to the trusted build service over the child's
+    build channel (`opsynth.reward.builds`), which answers with a library in the read-only extension
+    cache, built from exactly that text (or found there from an earlier candidate). The returned
+    module is wrapped so calls into its functions are counted while the audit is armed.
     """
 
-    def __init__(self, audit: OpAudit, ext_root: str, pch_root: str | None = None):
+    def __init__(self, audit: OpAudit, build_fd: int | None):
         self.audit = audit
-        self.ext_root = ext_root
-        self.pch_root = pch_root  # None: no shared precompiled header (see opsynth.reward.pch)
+        self.build_fd = build_fd
         self.calls = 0
         self.build_failed: str | None = None
         self.build_s = 0.0
         self.modules: list[str] = []
-
-    def _build_dir(self, name: str, key: str) -> str:
-        import os
-
-        d = os.path.join(self.ext_root, f"{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}")
-        os.makedirs(d, exist_ok=True)
-        return d
+        self.builds: list[dict] = []  # per extension: name, cached, build_s
+        self._chan = None
 
     def _wrap_module(self, mod):
         if not isinstance(mod, types.ModuleType):
@@ -291,91 +271,86 @@ class ExtensionTracker:
         self.modules.append(mod.__name__)
         return proxy
 
-    def _with_pch(self, skip: bool, kwargs: dict, with_cuda: bool) -> dict:
-        """kwargs plus `-I<shared PCH dir>` in extra_cflags, when a shared PCH can be had.
-
-        Applied after the build key is taken, so builds with and without the PCH share a cache entry.
-        """
-        if not self.pch_root or skip:  # e.g. options passed positionally: leave the call alone
-            return kwargs
-        from opsynth.reward.pch import pch_include_dir
-
-        cflags = kwargs.get("extra_cflags") or []
-        if isinstance(cflags, str):
-            cflags = [cflags]
-        d = pch_include_dir(self.pch_root, cflags, with_cuda=with_cuda, log=lambda m: print(m, flush=True))
-        if d is None:
-            return kwargs
-        return {**kwargs, "extra_cflags": [f"-I{d}", *cflags]}
-
-    def _timed_build(self, fn, name, build_dir, with_cuda, skip_pch, sources, /, *a, **k):
-        """Build (or import an earlier build of) one extension.
-
-        A finished build leaves a marker; later loads import the .so directly, skipping torch's
-        ninja round trip (about a second a candidate, which adds up over thousands of rewards).
-        """
+    def _request(self, req: dict) -> dict:
+        import json
         import os
+
+        if self.build_fd is None:
+            return {"ok": False, "error": "no build service in this child"}
+        if self._chan is None:
+            self._chan = os.fdopen(self.build_fd, "r+b", buffering=0)
+        self._chan.write(json.dumps(req).encode() + b"\n")
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = self._chan.readline()
+            if not chunk:
+                return {"ok": False, "error": "the build service closed the channel"}
+            line += chunk
+        return json.loads(line)
+
+    def _build(self, req: dict, is_python_module: bool):
         import time
 
         import torch.utils.cpp_extension as ce
 
         t0 = time.perf_counter()
-        marker = os.path.join(build_dir, ".opsynth_built")
         try:
-            if os.path.exists(marker) and os.path.exists(os.path.join(build_dir, f"{name}.so")):
-                try:
-                    return ce._import_module_from_library(name, build_dir, k.get("is_python_module", True))
-                except Exception:
-                    pass
-            k = self._with_pch(skip_pch, k, with_cuda)  # only for real builds: a cached one needs no PCH
-            mod = fn(name, sources, *a, build_directory=build_dir, **k)
-            with open(marker, "w") as f:
-                f.write(name)
-            return mod
-        except BaseException as e:
-            self.build_failed = f"{type(e).__name__}: {e}"[-4000:]
-            raise
+            reply = self._request(req)
         finally:
             self.build_s += time.perf_counter() - t0
+        if not reply.get("ok"):
+            self.build_failed = str(reply.get("error", "build failed"))[-4000:]
+            raise RuntimeError(f"Error building extension '{req.get('name')}': {self.build_failed}")
+        self.builds.append({"name": req.get("name"), "cached": bool(reply.get("cached")), "build_s": reply.get("build_s")})
+        return ce._import_module_from_library(reply["name"], reply["dir"], is_python_module)
 
     def install(self) -> None:
+        import inspect
+        import os
+
         import torch.utils.cpp_extension as ce
 
         orig_inline, orig_load = ce.load_inline, ce.load
+        sig_inline, sig_load = inspect.signature(orig_inline), inspect.signature(orig_load)
         tracker = self
 
-        def _key(*parts) -> str:
-            return repr(parts)
+        def _plain(bound) -> dict:
+            args = dict(bound.arguments)
+            args.pop("build_directory", None)
+            args.pop("verbose", None)
+            extra = args.pop("kwargs", None)
+            if extra:
+                args.update(extra)
+            return args
 
         @functools.wraps(orig_inline)
-        def load_inline(name, cpp_sources, cuda_sources=None, *args, **kwargs):
-            kwargs.pop("build_directory", None)
-            key = _key(name, cpp_sources, cuda_sources, args, sorted((k, repr(v)) for k, v in kwargs.items()), torch.__version__)
-            bdir = tracker._build_dir(name, key)
-            with_cuda = kwargs.get("with_cuda")
-            with_cuda = bool(cuda_sources) if with_cuda is None else bool(with_cuda)
-            # main.cpp starts with torch/extension.h, unless no_implicit_headers leaves that to the source
-            cpp_text = cpp_sources if isinstance(cpp_sources, str) else "\n".join(cpp_sources or [])
-            skip_pch = bool(args) or (bool(kwargs.get("no_implicit_headers")) and _first_include(text=cpp_text) != "torch/extension.h")
-            mod = tracker._timed_build(orig_inline, name, bdir, with_cuda, skip_pch, cpp_sources, cuda_sources, *args, **kwargs)
+        def load_inline(*args, **kwargs):
+            bound = sig_inline.bind(*args, **kwargs)
+            a = _plain(bound)
+            name = a.pop("name")
+            is_py = a.get("is_python_module", True)
+            mod = tracker._build({"kind": "inline", "name": name, "args": a}, is_py)
             return tracker._wrap_module(mod)
 
         @functools.wraps(orig_load)
-        def load(name, sources, *args, **kwargs):
-            kwargs.pop("build_directory", None)
+        def load(*args, **kwargs):
+            bound = sig_load.bind(*args, **kwargs)
+            a = _plain(bound)
+            name = a.pop("name")
+            sources = a.pop("sources")
             srcs = [sources] if isinstance(sources, str) else list(sources)
-            contents = []
-            for s in srcs:
-                with open(s, "rb") as f:
-                    contents.append(hashlib.sha256(f.read()).hexdigest())
-            key = _key(name, contents, args, sorted((k, repr(v)) for k, v in kwargs.items()), torch.__version__)
-            bdir = tracker._build_dir(name, key)
-            with_cuda = kwargs.get("with_cuda")
-            with_cuda = any(s.endswith((".cu", ".cuh")) for s in srcs) if with_cuda is None else bool(with_cuda)
-            # gcc uses a PCH only for a translation unit's first include: skip sources that do not
-            # start with torch/extension.h (a workspace's raw kernels and pybind11-only bindings).
-            use_pch = not args and any(_first_include(s) == "torch/extension.h" for s in srcs if s.endswith((".cpp", ".cc", ".cxx")))
-            mod = tracker._timed_build(orig_load, name, bdir, with_cuda, not use_pch, srcs, *args, **kwargs)
+            files = {}
+            for p in srcs:
+                with open(p) as f:
+                    files[os.path.basename(p)] = f.read()
+            # headers beside the sources travel too (a workspace's kernels/*.cuh)
+            for d in {os.path.dirname(os.path.abspath(p)) for p in srcs}:
+                for fn in os.listdir(d):
+                    if fn.endswith((".h", ".hpp", ".cuh")) and fn not in files:
+                        with open(os.path.join(d, fn)) as f:
+                            files[fn] = f.read()
+            is_py = a.get("is_python_module", True)
+            mod = tracker._build({"kind": "files", "name": name, "files": files, "args": a}, is_py)
             return tracker._wrap_module(mod)
 
         ce.load_inline = load_inline

@@ -29,6 +29,14 @@ PCH_TIMEOUT_S = 600.0
 PCH_DIR_ENV = "OPSYNTH_RL_PCH_DIR"
 
 
+def first_include(text: str) -> str | None:
+    """The first header a C++ source includes; gcc uses a PCH only for that one."""
+    import re
+
+    m = re.search(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', text, re.M)
+    return m.group(1) if m else None
+
+
 def pch_root(cache_dir: str | os.PathLike) -> str:
     """Where PCHs live: $OPSYNTH_RL_PCH_DIR when set (one PCH for several reward caches), else the cache.
 
@@ -102,16 +110,10 @@ def _compiler() -> tuple[str, str] | None:
     return cxx, version
 
 
-def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False, log=None) -> str | None:
-    """Directory to put first on the include path (`-I`) so that this build uses the shared PCH.
-
-    Builds the PCH on first use (one builder per flag set; others wait on the lock). Returns None
-    when no PCH can be had (not gcc, torch internals changed, the build failed): the caller then
-    builds as usual.
-    """
+def _locate(root, extra_cflags, with_cuda: bool, say):
+    """(base dir, header, cxx, flags) of the PCH for these flags, or None when none can be had."""
     import torch
 
-    say = log or (lambda msg: None)
     # Include paths do not affect whether gcc accepts a PCH, and they differ per candidate (scratch
     # dirs): leave them out, or every candidate would get a PCH of its own.
     extra_cflags = _without_include_paths([str(f).strip() for f in (extra_cflags or [])])
@@ -130,7 +132,33 @@ def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool 
     if not header.is_file():
         return None
     key = hashlib.sha256(repr((cxx, version, torch.__version__, str(header), flags)).encode()).hexdigest()[:16]
-    base = Path(root) / "pch" / key
+    return Path(root) / "pch" / key, header, cxx, flags
+
+
+def pch_ready(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False) -> str | None:
+    """The PCH's include dir when it is built, "" when none can be had, None when it is not built yet."""
+    loc = _locate(root, extra_cflags, with_cuda, lambda m: None)
+    if loc is None:
+        return ""
+    base = loc[0]
+    if (base / "torch" / "extension.h.gch").is_file():
+        return str(base)
+    return "" if (base / "FAILED").is_file() else None
+
+
+def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False, log=None) -> str | None:
+    """Directory to put first on the include path (`-I`) so that this build uses the shared PCH.
+
+    Builds the PCH on first use (one builder per flag set; others wait on the lock). Returns None
+    when no PCH can be had (not gcc, torch internals changed, the build failed): the caller then
+    builds as usual. Called only by the trusted parent (the build service), never by a candidate.
+    """
+    say = log or (lambda msg: None)
+    loc = _locate(root, extra_cflags, with_cuda, say)
+    if loc is None:
+        return None
+    base, header, cxx, flags = loc
+    key = base.name
     gch = base / "torch" / "extension.h.gch"
     failed = base / "FAILED"
     if gch.is_file():

@@ -66,7 +66,7 @@ def test_include_paths_do_not_split_the_pch_key():
 
 
 def test_only_sources_that_start_with_torch_extension_h_use_the_pch(tmp_path):
-    from opsynth.reward.guards import _first_include
+    from opsynth.reward.pch import first_include
 
     a = tmp_path / "a.cpp"
     a.write_text("// binding\n#include <torch/extension.h>\n#include <vector>\n")
@@ -74,6 +74,6 @@ def test_only_sources_that_start_with_torch_extension_h_use_the_pch(tmp_path):
     b.write_text('#include <pybind11/pybind11.h>\n#include "torch/extension.h"\n')
     c = tmp_path / "c.cpp"
     c.write_text("int f() { return 1; }\n")
-    assert _first_include(str(a)) == "torch/extension.h"
-    assert _first_include(str(b)) == "pybind11/pybind11.h"
-    assert _first_include(str(c)) is None
+    assert first_include(a.read_text()) == "torch/extension.h"
+    assert first_include(b.read_text()) == "pybind11/pybind11.h"
+    assert first_include(c.read_text()) is None

@@ -158,10 +158,11 @@ def test_reward_config_rejects_unknown_keys():
 def test_per_device_defaults_leave_cores_to_the_compilers(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     cfg = RewardConfig()
-    # cuda: one child per candidate (build, then measure), one per core; with prebuild, 16 + 8 children
-    assert not cfg.resolved_prebuild("cuda") and cfg.resolved_measure_workers("cuda") == 16
-    pre = RewardConfig(prebuild=True)
-    assert pre.resolved_build_workers("cuda") == 16 and pre.resolved_measure_workers("cuda") == 8
+    # cuda: a top-level child per candidate (its builds go to the build service), one per core, then
+    # up to 8 measuring children; children fork from a warm server, so the second child is cheap
+    assert cfg.resolved_prebuild("cuda") and cfg.resolved_build_workers("cuda") == 16 and cfg.resolved_measure_workers("cuda") == 8
+    inline = RewardConfig(prebuild=False)
+    assert inline.resolved_measure_workers("cuda") == 16
     # cpu: builds first (they would skew timings), half the cores, one measurement at a time
     assert cfg.resolved_prebuild("cpu") and cfg.resolved_build_workers("cpu") == 8 and cfg.resolved_measure_workers("cpu") == 1
     assert cfg.resolved_cpu_threads("cuda") == 2 and cfg.resolved_cpu_threads("cpu") is None
@@ -174,6 +175,6 @@ def test_training_keeps_the_rewards_build_workers_unless_told():
     assert reward_env_config(TrainSettings(shards=".")).build_workers is None
     assert reward_env_config(TrainSettings(shards=".", reward_workers=3)).build_workers == 3
     assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"build_workers": 5})).build_workers == 5
-    # On cuda candidates build inside the measuring children, so those are what reward_workers bounds.
-    assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"device": "cuda"})).measure_workers == 3
+    # Without prebuild candidates build inside the measuring children, so those are what reward_workers bounds.
+    assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"device": "cuda", "prebuild": False})).measure_workers == 3
     assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"device": "cpu"})).measure_workers is None
