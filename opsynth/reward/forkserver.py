@@ -83,6 +83,9 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        import tempfile
+
+        tempfile.tempdir = None  # the server's cached /tmp: recompute from this job's TMPDIR (its scratch)
         iso = req.get("isolation") or {}
         if iso.get("enabled"):
             from opsynth.reward import isolation
