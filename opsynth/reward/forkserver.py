@@ -29,9 +29,10 @@ import threading
 import time
 
 # Imported here, before any fork, so every child starts with them loaded (no CUDA is initialised).
+# Not torch.utils.cpp_extension: importing it marks later forks unable to use CUDA (seen with torch
+# 2.11 on the H200: "Cannot re-initialize CUDA in forked subprocess"); children import it themselves.
 WARM_MODULES = (
     "torch",
-    "torch.utils.cpp_extension",
     "torch.nn.functional",
     "torch.profiler",
     "opsynth.reward.guards",
@@ -104,12 +105,29 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
     os._exit(code)
 
 
+def _forks_lose_cuda() -> bool:
+    """True when torch would refuse CUDA in a fork of this process (something initialised it here)."""
+    import torch
+
+    check = getattr(torch._C, "_cuda_isInBadFork", None)
+    if check is None:
+        return False
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the probe child
+        os._exit(1 if check() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
+
+
 def serve(name: str) -> None:  # pragma: no cover - exercised through ForkServer
     import importlib
 
     for m in WARM_MODULES:
         importlib.import_module(m)
     threads = threading.active_count()
+    if _forks_lose_cuda():
+        print(json.dumps({"ready": False, "error": "an import marked forks unable to use CUDA"}), flush=True)
+        return
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
     listener.listen(256)
@@ -235,6 +253,9 @@ class ForkServer:
         line = self._wait_ready(start_timeout_s)
         self.start_s = time.perf_counter() - t0
         self.info = json.loads(line)
+        if not self.info.get("ready"):
+            self.proc.kill()
+            raise ForkServerError(f"the reward fork server cannot serve: {self.info.get('error')}")
 
     def _wait_ready(self, timeout_s: float) -> str:
         out: list[bytes] = []
