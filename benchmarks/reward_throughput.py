@@ -355,7 +355,7 @@ def _summary(res) -> dict:
     return dict(collections.Counter(f"{r.reward}:{r.reason}" for r in res))
 
 
-PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")  # EvalResult.times keys
+PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "locked_s", "measure_wall_s", "judge_s")  # EvalResult.times keys
 
 
 def _median(values) -> float | None:
@@ -520,10 +520,10 @@ def main() -> None:
     save()
     print()
     print(f"{'phase':<15}{'evals':>7}{'seconds':>10}{'evals/min':>11}{'TU hits':>9}{'ext hits':>10}"
-          f"{'setup_s':>9}{'locked_s':>10}{'prebuild_wall':>14}")
+          f"{'setup_s':>9}{'locked_s':>10}{'prebuild_wall':>14}{'judge_s':>9}")
     for name, rec in out["phases"].items():
         print(f"{name:<15}{rec['count']:>7}{rec['seconds']:>10}{rec['evals_per_min']:>11}{rec['tu_hits']:>4}/{rec['tu_compiles']:<4}"
-              f"{rec['ext_hits']:>5}/{rec['ext_requests']:<4}{str(rec['median_setup_s']):>9}{str(rec['median_locked_s']):>10}{str(rec['median_prebuild_wall_s']):>14}")
+              f"{rec['ext_hits']:>5}/{rec['ext_requests']:<4}{str(rec['median_setup_s']):>9}{str(rec['median_locked_s']):>10}{str(rec['median_prebuild_wall_s']):>14}{str(rec['median_judge_s']):>9}")
     print(f"cold first evaluation: {out['cold_first_eval_s']} s; cache hit rate (translation units, distinct+group): {out['cache_hit_rate']}")
     print(f"device: {out['device']}; isolation {args.isolation}; build workers {out['build_workers']}, measure workers "
           f"{out['measure_workers']}, ccache {out['ccache_path']}; wrote {args.out}")

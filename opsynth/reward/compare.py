@@ -14,6 +14,22 @@ def as_output_list(out) -> list:
     return [out]
 
 
+def _close(o, r, finite, atol: float, rtol: float) -> bool:
+    """torch.allclose(o, r, atol, rtol, equal_nan=True), in fewer passes over memory (3x faster on CPU).
+
+    Finite reference values need |o - r| <= atol + rtol |r|; NaN and infinities must match exactly.
+    """
+    import torch
+
+    if bool(finite.all()):
+        return bool(((o - r).abs() <= atol + rtol * r.abs()).all())
+    of, rf = o[finite], r[finite]
+    if not bool(((of - rf).abs() <= atol + rtol * rf.abs()).all()):
+        return False
+    on, rn = o[~finite], r[~finite]
+    return bool(((on == rn) | (torch.isnan(on) & torch.isnan(rn))).all())
+
+
 def _cmp(ref, out, cfg) -> tuple[str, str]:
     """'ok' or a named reason for one output tensor."""
     import torch
@@ -26,7 +42,10 @@ def _cmp(ref, out, cfg) -> tuple[str, str]:
         return "wrong_dtype", f"dtype {out.dtype}, expected {ref.dtype}"
     if not (ref.is_floating_point() or ref.is_complex()):
         return ("ok", "") if torch.equal(out, ref) else ("incorrect", "integer/bool output differs")
-    o, r = out.double(), ref.double()
+    # float32 is exact enough for a 1e-2 tolerance and moves half the bytes of float64: judging runs
+    # in the parent for every candidate (measured on the H200: the parent's judging was the bottleneck).
+    wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    o, r = out.to(wide), ref.to(wide)
     ref_nan = torch.isnan(r)
     if bool((torch.isnan(o) & ~ref_nan).any()):
         return "uninitialized_output", "NaN where the reference has none: output left unwritten (memory was poisoned with NaN)"
@@ -38,16 +57,23 @@ def _cmp(ref, out, cfg) -> tuple[str, str]:
         o_spread = float(o_var.max() - o_var.min()) if o_var.numel() else 0.0
         if r_spread > 0 and o_spread <= 1e-6 * max(1.0, r_spread):
             return "near_constant_output", f"output is constant ({o_spread:.3g} spread) while the reference spreads {r_spread:.3g}"
-    if not torch.allclose(o, r, atol=cfg.atol, rtol=cfg.rtol, equal_nan=True):
-        err = float((o - r).abs()[finite].max()) if finite.any() else float("nan")
-        if torch.allclose(o, r, atol=10 * cfg.atol, rtol=10 * cfg.rtol, equal_nan=True):
-            return "low_precision", f"max abs error {err:.3g}: within 10x the tolerance only (reduced-precision compute)"
-        return "incorrect", f"max abs error {err:.3g} (atol={cfg.atol}, rtol={cfg.rtol})"
+    if not _close(o, r, finite, cfg.atol, cfg.rtol):
+        d = (o - r).abs()[finite]
+        err = float(d.max()) if d.numel() else float("nan")
+        if d.numel():
+            k = int(d.argmax())
+            rel = float(d[k] / r[finite][k].abs().clamp_min(1e-12))
+            where = f"max abs error {err:.3g}, relative {rel:.3g} at flat index {k}"
+        else:
+            where = "non-finite values differ"
+        if _close(o, r, finite, 10 * cfg.atol, 10 * cfg.rtol):
+            return "low_precision", f"{where}: within 10x the tolerance only (reduced-precision compute)"
+        return "incorrect", f"{where} (atol={cfg.atol}, rtol={cfg.rtol})"
     # Loose tolerances accept anything for near-zero outputs: then the candidate must also beat the
     # trivial constant answer by a clear margin (capture nearly all of the reference's variation).
     if r_var.numel() > 1:
-        trivial = torch.full_like(r_var, float(r_var.mean()))
-        if torch.allclose(trivial, r_var, atol=cfg.atol, rtol=cfg.rtol):
+        mean = float(r_var.mean())
+        if bool(((r_var - mean).abs() <= cfg.atol + cfg.rtol * r_var.abs()).all()):  # a constant would pass
             resid = float(torch.linalg.vector_norm(o_var - r_var))
             spread = float(torch.linalg.vector_norm(r_var - r_var.mean()))
             if spread == 0 or resid > 0.1 * spread:

@@ -210,10 +210,15 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["build_s"] = res.data.get("build_s")
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
     times["locked_s"] = res.data.get("locked_s")  # checks, profiler and timing (holding the device lock)
+    for k in ("cuda_init_s", "profiler_init_s"):  # parts of setup_s
+        if res.data.get(k) is not None:
+            times[k] = res.data[k]
     import torch
 
+    t_judge = time.perf_counter()
     cand = torch.load(job["outputs_path"], weights_only=True)
     verdict, detail = judge_outputs(ref.outputs, cand, cfg)
+    times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
     log = (log + "\n" + detail).strip()
     if verdict != "ok":
         out = EvalResult.rejected(verdict, log, times, device)
