@@ -50,7 +50,8 @@ class WorkerGone(Exception):
         self.evidence = {"message": message, **evidence}
 
 
-def _detect_device(requested: str) -> str:
+def detect_device(requested: str) -> str:
+    """"cuda" or "cpu": what `requested` ("auto", "cpu", "cuda[:N]") means in this process."""
     if requested != "auto":
         return "cuda" if requested.startswith("cuda") else "cpu"
     if "torch" in sys.modules:
@@ -242,7 +243,7 @@ class WorkerPool:
 
     def __init__(self, cfg: VerifyConfig | None = None):
         self.cfg = cfg or VerifyConfig()
-        self.device = _detect_device(self.cfg.device)
+        self.device = detect_device(self.cfg.device)
         n = self.cfg.n_workers or ((os.cpu_count() or 1) if self.device == "cpu" else 8)
         self.n_workers = max(1, n)
         self.limits = self.cfg.limits(self.device)
