@@ -21,8 +21,8 @@ fi
 if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
     log "installing slurm-wlm and munge"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/dev/null
-    apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null
+    timeout 600 apt-get update -q >/dev/null
+    timeout 900 apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null
 fi
 
 # munge: a key (the package makes one; make it when a minimal image did not) and the daemon.

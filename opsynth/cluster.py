@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from opsynth.slurm import ClusterError  # noqa: F401  (re-exported: what start_cluster raises)
+from opsynth.slurm import ClusterError, ClusterLost  # noqa: F401  (re-exported: what a run may raise)
 
 KINDS = ("local", "local_cuda", "slurm", "scheduler")
 

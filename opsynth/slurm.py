@@ -14,8 +14,8 @@
 - Job scripts and logs go to `<output_dir>/slurm/` (or `cluster.slurm.log_directory`), never to the
   working directory.
 
-Every message that ends a run is a `ClusterError` whose text is one line; `pipelines/generate.py`
-prints it and exits 2.
+Every message that ends a run is one line, in a `ClusterError` (at start) or a `ClusterLost`
+(mid-run); `pipelines/generate.py` prints it and exits 2.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("opsynth.slurm")
 
-SUPERVISE_EVERY_S = 10.0
+SUPERVISE_EVERY_S = 5.0
 
 # Slurm's wording (lower case) -> the setting that decides it.
 _ERROR_HINTS = (
@@ -68,6 +68,13 @@ _HOPELESS_PENDING = {
 
 class ClusterError(RuntimeError):
     """The cluster cannot run this job as configured; the message is one line naming the setting."""
+
+
+class ClusterLost(BaseException):
+    """Mid-run, every worker left and none came back in time. Raised in the main thread from a
+    signal handler, so it may land inside any `except Exception` of the run: a BaseException, like
+    KeyboardInterrupt, it unwinds past them (running the finally blocks) instead of being taken
+    for a failed candidate."""
 
 
 def known_settings() -> set[str]:
@@ -314,7 +321,7 @@ def _recording_job_cls():
 
 class _Termination:
     """SIGTERM unwinds the main thread like Ctrl-C (finally blocks run, jobs are cancelled); a
-    supervisor's fatal message arrives the same way, as a ClusterError."""
+    supervisor's fatal message arrives the same way, as ClusterLost."""
 
     def __init__(self):
         self.fatal: str | None = None
@@ -329,7 +336,7 @@ class _Termination:
     def _handle(self, signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if self.fatal:
-            raise ClusterError(self.fatal)
+            raise ClusterLost(self.fatal)
         log.warning("SIGTERM: stopping and cancelling this run's Slurm jobs")
         raise SystemExit(128 + signal.SIGTERM)
 
@@ -341,7 +348,7 @@ class _Termination:
             log.error("%s", message)
 
     def restore(self) -> None:
-        if self.installed:
+        if self.installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.previous if self.previous is not None else signal.SIG_DFL)
             self.installed = False
 
@@ -389,7 +396,9 @@ def start_slurm(cfg, run_dir: str | Path | None):
         except (TypeError, ValueError) as e:
             raise ClusterError(f"cluster=slurm: dask-jobqueue refused the settings: {str(e).splitlines()[0]}") from None
         script = log_dir / "job.sh"
-        script.write_text(cluster.job_script())
+        body = cluster.job_script().split("\n", 1)
+        script.write_text(f"{body[0]}\n# What each job runs (checked with sbatch --test-only; each worker gets its own "
+                          f"--name)\n{body[1] if len(body) > 1 else ''}")
         log.info("Slurm job script %s (logs in %s)", script, log_dir)
         check_submission(script)
         cluster.scale(jobs=cfg.jobs)

@@ -15,7 +15,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from opsynth.cluster import ClusterError
+from opsynth.cluster import ClusterError, ClusterLost
 from opsynth.config import generate_config
 from opsynth.pipeline import run
 
@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     try:
         summary = run(gen_cfg)
-    except ClusterError as e:  # e.g. Slurm refused the job, or no worker joined in time: one line, no traceback
+    except (ClusterError, ClusterLost) as e:  # e.g. Slurm refused the job, no worker in time: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     keep = ("n_tasks", "accepted", "num_rejected", "acceptance_rate", "candidates_per_minute", "wall_time_s",

@@ -177,3 +177,26 @@ def test_sigterm_cancels_the_runs_jobs(tmp_path, kernelbench_parquet, marker):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         subprocess.run(["scancel", "--user", getpass.getuser(), "--name", job or "none"], timeout=30)
+
+
+def test_a_job_lost_mid_run_is_replaced_and_the_run_finishes(tmp_path, kernelbench_parquet, marker):
+    """What a walltime or a preempted node does: the worker's job ends while candidates are in flight."""
+    out = tmp_path / "out"
+    proc = start_generate(generate_cmd(out, *SMALL, *_slurm()), _env(kernelbench_parquet, marker), tmp_path / "run.log")
+    try:
+        deadline, first = time.monotonic() + 120, None
+        while first is None and time.monotonic() < deadline and proc.poll() is None:
+            first = next((p for p in (out / "slurm").glob("*.err") if "Registered to" in p.read_text(errors="replace")),
+                         None) if (out / "slurm").is_dir() else None
+            time.sleep(0.5)
+        assert first is not None, (tmp_path / "run.log").read_text()[-3000:]
+        time.sleep(2)
+        subprocess.run(["scancel", first.stem.rsplit("-", 1)[1]], timeout=30, check=True)
+        rc = proc.wait(timeout=240)
+        assert rc == 0, (tmp_path / "run.log").read_text()[-3000:]
+        assert len(read_rows(out, columns=["task_id"])) == 4
+        assert len(list((out / "slurm").glob("*.err"))) >= 2, "no replacement job was submitted"
+        assert _wait_queue_empty(_job_name(out)) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -117,3 +117,39 @@ def test_the_launching_machine_does_not_decide_the_scale(monkeypatch, tmp_path):
                    "kb_check=false", "progress=false", "write_card=false")
     pipeline.run(cfg)
     assert seen.read_text() == "None"
+
+
+def test_a_run_left_without_workers_stops_with_the_supervisors_line(monkeypatch):
+    """Mid-run, when every worker has gone and none comes back within start_timeout_s, the main
+    thread (blocked waiting for results) gets ClusterLost instead of waiting forever."""
+    import threading
+    import time
+
+    from opsynth import slurm
+
+    class Cluster:
+        scaled = 0
+
+        def scale(self, jobs):
+            Cluster.scaled += 1
+
+    class Client:
+        def nthreads(self):
+            return {}
+
+    monkeypatch.setattr(slurm, "SUPERVISE_EVERY_S", 0.05)
+    monkeypatch.setattr(slurm, "queue_states", lambda name: {"41": ("PENDING", "Resources")})
+    assert threading.current_thread() is threading.main_thread()
+    term = slurm._Termination()
+    term.install()
+    try:
+        sup = slurm.Supervisor(Cluster(), Client(), 2, "opsynth-x", REPO, 0.3, term.fail_main)
+        with pytest.raises(slurm.ClusterLost) as e:
+            sup.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert "every Dask worker left" in str(e.value) and "job 41 PENDING (Resources)" in str(e.value)
+        assert Cluster.scaled >= 2  # it kept asking for the jobs meanwhile
+    finally:
+        term.restore()
