@@ -78,7 +78,15 @@ log "$(grep -E '^(NodeName|PartitionName)' /etc/slurm/slurm.conf | tr '\n' ' ')"
 for _ in $(seq 120); do
     state=$(sinfo -h -N -o %T 2>/dev/null | head -n 1 || true)
     case "$state" in
-        idle|mixed|allocated) log "node $host is $state"; exit 0 ;;
+        idle|mixed|allocated)
+            # The node must also run a job: a runner that cannot would fail the tests instead of skipping them.
+            if timeout 60 srun -N1 -n1 -t 1 true; then
+                log "node $host is $state and runs jobs"
+                exit 0
+            fi
+            log "node $host is $state but cannot run a job (srun failed); stopping"
+            bash "$(dirname "$0")/slurm_down.sh"
+            exit 1 ;;
         down*|drain*) scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true ;;
     esac
     sleep 0.5
