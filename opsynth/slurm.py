@@ -234,14 +234,19 @@ def _n_workers(client) -> int:
 def wait_for_worker(cluster, client, job_name: str, log_dir: Path, timeout_s: float) -> None:
     """Return once a Dask worker has joined; raise ClusterError naming why none did."""
     deadline = time.monotonic() + timeout_s
+    warned = False
     while True:
         if _n_workers(client):
             return
+        ids = _job_ids(cluster)
         err = _submit_error(cluster)
         if err:
-            stderr = err.split("stderr:", 1)[-1]
-            raise ClusterError(f"cluster=slurm: sbatch refused the job: {explain(_first_error_line(stderr))}")
-        ids = _job_ids(cluster)
+            message = explain(_first_error_line(err.split("stderr:", 1)[-1]))
+            if not ids:  # nothing was queued; when some jobs were (a per-user job limit), run with those
+                raise ClusterError(f"cluster=slurm: sbatch refused the job: {message}")
+            if not warned:
+                log.warning("sbatch refused some of the cluster.jobs=%d jobs: %s", len(cluster.workers), message)
+                warned = True
         states = queue_states(job_name)
         if states is None:  # squeue did not answer this time: decide nothing from it
             states, ids = {}, []
@@ -282,8 +287,12 @@ class Supervisor(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
+        from distributed.core import Status
+
         empty_since = None
         while not self.stop.wait(SUPERVISE_EVERY_S):
+            if getattr(self.cluster, "status", None) in (Status.closing, Status.closed):
+                return
             try:
                 self.cluster.scale(jobs=self.jobs)  # re-submits the jobs of workers that left
                 if _n_workers(self.client):
@@ -356,7 +365,7 @@ class _Termination:
 def start_slurm(cfg, run_dir: str | Path | None):
     """A SLURMCluster with one worker joined, or a ClusterError. Returns (client, cluster, slots, cleanup)."""
     try:
-        from dask_jobqueue import SLURMCluster  # noqa: F401
+        from dask_jobqueue import SLURMCluster
     except ImportError:
         raise ClusterError("cluster=slurm needs dask-jobqueue: pip install 'opsynth[slurm]'") from None
     from distributed import Client
