@@ -50,7 +50,8 @@ class ClusterConfig:
                 raise ValueError(f"cluster.start_timeout_s must be > 0, got {self.start_timeout_s}")
             check_settings(self.slurm)
             if self.gpu and int(self.slurm.get("processes") or 1) != 1:
-                raise ValueError("cluster.gpu=true runs one worker per job (one GPU): cluster.slurm.processes must be 1")
+                raise ValueError("cluster.gpu=true runs one worker per job (one GPU): "
+                                 "cluster.slurm.processes must be 1")
 
 
 def visible_gpus() -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import _thread
 import inspect
 import logging
-import os
 import re
 import secrets
 import shutil
@@ -168,7 +167,8 @@ def check_submission(script: Path) -> None:
     try:
         p = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        raise ClusterError("cluster=slurm: `sbatch --test-only` did not answer in 60 s; is slurmctld up (`sinfo`)?") from None
+        raise ClusterError("cluster=slurm: `sbatch --test-only` did not answer in 60 s; "
+                           "is slurmctld up (`sinfo`)?") from None
     if p.returncode != 0:
         raise ClusterError(f"cluster=slurm: Slurm refused the job: {explain(_first_error_line(p.stderr + p.stdout))}")
 

@@ -53,7 +53,8 @@ def _slurm_answers() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     if any("slurm" in item.keywords for item in items) and not _slurm_answers():
-        skip_slurm = pytest.mark.skip(reason="needs a Slurm cluster: `sinfo` does not answer (bash .ci/slurm_up.sh starts one)")
+        skip_slurm = pytest.mark.skip(
+            reason="needs a Slurm cluster: `sinfo` does not answer (bash .ci/slurm_up.sh starts one)")
         for item in items:
             if "slurm" in item.keywords:
                 item.add_marker(skip_slurm)
