@@ -125,10 +125,11 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
             from opsynth.catalog import load_catalog
 
             _CTX["catalog"] = load_catalog()
-        if _CTX.get("sampler_key") != key(sampler_cfg):
+        if _CTX.get("sampler_key") != key(sampler_cfg, verify_cfg["device"]):
             from opsynth.graph import Sampler
 
-            _CTX.update(sampler=Sampler(SamplerConfig(**sampler_cfg), _CTX["catalog"]), sampler_key=key(sampler_cfg))
+            _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"]),
+                        sampler_key=key(sampler_cfg, verify_cfg["device"]))
         if _CTX.get("kb_key") != key(dedup_cfg, kb_check):
             from opsynth.dedup import KernelBenchIndex
 
@@ -152,6 +153,17 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 atexit.register(_close_context)
                 _CTX["atexit"] = True
         return _CTX
+
+
+def _worker_sampler_config(sampler_cfg: dict, verify_device: str) -> SamplerConfig:
+    """`sampler.scale=null` is decided here, on the worker, by the device it verifies on: a GPU run
+    launched from a machine without one (a Slurm login node) still draws GPU sizes."""
+    scfg = SamplerConfig(**sampler_cfg)
+    if scfg.scale is None:
+        from opsynth.verify.pool import detect_device
+
+        scfg.scale = 1.0 if detect_device(verify_device) == "cuda" else CPU_SCALE
+    return scfg
 
 
 def _close_context() -> None:
@@ -379,11 +391,6 @@ def run(cfg: GenerateConfig) -> dict:
     from opsynth.catalog import load_catalog
     from opsynth.shards import RunProgress, RunStats, ShardWriter
 
-    if cfg.sampler.scale is None:
-        from opsynth.cluster import visible_gpus
-
-        on_gpu = cfg.verify.device == "cuda" or (cfg.verify.device == "auto" and visible_gpus() > 0)
-        cfg.sampler.scale = 1.0 if on_gpu else CPU_SCALE
     cfg.validate()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -432,7 +439,7 @@ def run(cfg: GenerateConfig) -> dict:
 
 
 def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
-    handle = start_cluster(cfg.cluster)
+    handle = start_cluster(cfg.cluster, run_dir=out)
     client = handle.client
     max_in_flight = cfg.max_in_flight or 4 * handle.slots
     max_candidates = cfg.max_candidates or 200 * cfg.n_tasks

@@ -15,6 +15,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from opsynth.cluster import ClusterError, ClusterLost
 from opsynth.config import generate_config
 from opsynth.pipeline import run
 
@@ -28,11 +29,15 @@ def main(cfg: DictConfig) -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
         gen_cfg = generate_config(cfg)
-        copy.deepcopy(gen_cfg).validate()  # on a copy: run() resolves sampler.scale=null by device first
+        copy.deepcopy(gen_cfg).validate()
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         print(f"error: invalid configuration: {e}", file=sys.stderr)
         sys.exit(2)
-    summary = run(gen_cfg)
+    try:
+        summary = run(gen_cfg)
+    except (ClusterError, ClusterLost) as e:  # e.g. Slurm refused the job, no worker in time: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     keep = ("n_tasks", "accepted", "num_rejected", "acceptance_rate", "candidates_per_minute", "wall_time_s",
             "device", "rejected")
     print(json.dumps({k: summary.get(k) for k in keep}, default=str))

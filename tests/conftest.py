@@ -1,4 +1,4 @@
-"""Shared test settings: where the reference data lives, and GPU skipping."""
+"""Shared test settings: where the reference data lives, and GPU and Slurm skipping."""
 
 from __future__ import annotations
 
@@ -41,7 +41,23 @@ def _has_cuda() -> bool:
         return False
 
 
+def _slurm_answers() -> bool:
+    """A Slurm controller answers `sinfo` (.ci/slurm_up.sh starts a single-node one)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=15).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
+    if any("slurm" in item.keywords for item in items) and not _slurm_answers():
+        skip_slurm = pytest.mark.skip(
+            reason="needs a Slurm cluster: `sinfo` does not answer (bash .ci/slurm_up.sh starts one)")
+        for item in items:
+            if "slurm" in item.keywords:
+                item.add_marker(skip_slurm)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")

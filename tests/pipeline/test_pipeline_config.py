@@ -24,7 +24,7 @@ def _compose(*overrides: str):
 
 
 def test_the_groups_the_readme_names_exist():
-    assert set(GROUPS["cluster"]) >= {"local", "local_cuda", "slurm", "scheduler"}
+    assert set(GROUPS["cluster"]) >= {"local", "local_cuda", "slurm", "slurm_gpu", "scheduler"}
     assert set(GROUPS["verify"]) >= {"auto", "cpu", "cuda"}
     assert set(GROUPS["sampler"]) >= {"ops6k", "small"}
     assert set(GROUPS["dedup"]) >= {"offline", "default"}
@@ -37,7 +37,7 @@ def test_every_combination_of_shipped_groups_builds_a_valid_config(cluster, veri
     cfg = generate_config(_compose(f"cluster={cluster}", f"verify={verify}", f"sampler={sampler}",
                                    f"dedup={dedup}", *extra))
     assert isinstance(cfg, GenerateConfig)
-    assert cfg.cluster.kind == cluster
+    assert cfg.cluster.kind == {"slurm_gpu": "slurm"}.get(cluster, cluster)
     cfg.validate()
 
 

@@ -70,7 +70,7 @@ def fake(monkeypatch, tasks, tmp_path):
                       "kb_nearest": None, "seed": seed}
         return rec
 
-    def start_cluster(cfg):
+    def start_cluster(cfg, run_dir=None):
         from distributed import Client, LocalCluster
 
         cluster = LocalCluster(n_workers=1, threads_per_worker=4, processes=False, dashboard_address=None)
