@@ -15,11 +15,13 @@ similarity measure abstracts away, so checking the uncalibrated source gives the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -67,6 +69,11 @@ class GenerateConfig:
             raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
         if not self.output_dir:
             raise ValueError("output_dir must be a folder path")
+        blocked = next((p for p in [Path(self.output_dir), *Path(self.output_dir).parents]
+                        if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise ValueError(f"output_dir={self.output_dir}: {blocked} is a file, not a folder; give a new folder "
+                             "or the folder of an earlier run (to resume it)")
         if self.flush_every < 1:
             raise ValueError("flush_every must be >= 1")
         self.sampler.validate()
@@ -420,6 +427,7 @@ def run(cfg: GenerateConfig) -> dict:
     summary = stats.to_dict()
     summary["files"] = [str(f) for f in files]
     summary["rows"] = total_rows  # in the folder, earlier runs included; < n_tasks when max_candidates stopped it
+    summary["generated"] = not complete  # False: the folder already held n_tasks rows
     summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
                                    if committer.calib_steps else None)
     if cfg.write_card:
@@ -431,8 +439,25 @@ def run(cfg: GenerateConfig) -> dict:
     return summary
 
 
+@contextlib.contextmanager
+def _sigint_ignored_in_children():
+    """Start processes that ignore SIGINT: a Ctrl-C in the terminal goes to the whole process group,
+    and Dask workers (and the verify workers they start) would each print a KeyboardInterrupt
+    traceback. The driver alone handles it: it saves the state and closes the cluster, which stops
+    them. (Processes inherit an ignored SIGINT, and Python then installs no handler for it.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
-    handle = start_cluster(cfg.cluster)
+    with _sigint_ignored_in_children():
+        handle = start_cluster(cfg.cluster)
     client = handle.client
     max_in_flight = cfg.max_in_flight or 4 * handle.slots
     max_candidates = cfg.max_candidates or 200 * cfg.n_tasks
