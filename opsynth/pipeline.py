@@ -357,8 +357,19 @@ class _Committer:
         self.stats.device = row["device"] or self.stats.device
 
 
+def verify_device(cfg: GenerateConfig) -> str:
+    """"cuda" or "cpu": where the verifier runs with these settings (`verify.device=auto` picks the
+    GPU when the driver sees one). It decides `sampler.scale=null` and which runtime band applies."""
+    if cfg.verify.device in ("cpu", "cuda"):
+        return cfg.verify.device
+    from opsynth.cluster import visible_gpus
+
+    return "cuda" if visible_gpus() > 0 else "cpu"
+
+
 def _describe_run(stats, cfg: GenerateConfig) -> None:
-    """Record the settings of this run in its stats (the card and report print them)."""
+    """Record the settings of this run in its stats (the card and report print them). The runtime
+    band and memory cap are those in force on the device that verifies (the CPU band on a CPU run)."""
     from opsynth.shards.stats import default_versions
 
     stats.n_tasks = cfg.n_tasks
@@ -366,12 +377,13 @@ def _describe_run(stats, cfg: GenerateConfig) -> None:
     stats.cluster = cfg.cluster.kind
     stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
                             for k, v in cfg.sampler.mixture.items()}
+    device = verify_device(cfg)
+    limits = cfg.verify.limits(device)
     stats.thresholds = {
-        "eager_ms_min": cfg.verify.min_ms, "eager_ms_max": cfg.verify.max_ms,
-        "cpu_eager_ms_min": cfg.verify.cpu_min_ms, "cpu_eager_ms_max": cfg.verify.cpu_max_ms,
+        "verify_device": device, "eager_ms_min": limits.min_ms, "eager_ms_max": limits.max_ms,
         "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
         "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
-        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": cfg.verify.mem_cap_gb,
+        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": limits.mem_cap_gb,
         "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
     }
     stats.versions = {**default_versions(), **stats.versions}
@@ -387,10 +399,7 @@ def run(cfg: GenerateConfig) -> dict:
     from opsynth.shards import RunProgress, RunStats, ShardWriter
 
     if cfg.sampler.scale is None:
-        from opsynth.cluster import visible_gpus
-
-        on_gpu = cfg.verify.device == "cuda" or (cfg.verify.device == "auto" and visible_gpus() > 0)
-        cfg.sampler.scale = 1.0 if on_gpu else CPU_SCALE
+        cfg.sampler.scale = 1.0 if verify_device(cfg) == "cuda" else CPU_SCALE
     cfg.validate()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
