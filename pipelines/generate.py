@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 
 from opsynth import cli
 from opsynth.config import generate_config
+from opsynth.dedup.kernelbench import KernelBenchUnavailable
 from opsynth.pipeline import GenerateConfig, run
+from opsynth.shards.writer import FolderLocked
 
 
 def interrupted(cfg: DictConfig) -> str:
@@ -30,7 +32,11 @@ def interrupted(cfg: DictConfig) -> str:
     return f"interrupted: {kept}; run the same command again to resume from there"
 
 
-@cli.entry("generate", fields={"": GenerateConfig}, interrupted=interrupted)
+# Refusals that name what to change (the KernelBench path, a folder another run holds): one line, exit 2.
+USAGE_ERRORS = (KernelBenchUnavailable, FolderLocked)
+
+
+@cli.entry("generate", fields={"": GenerateConfig}, usage_errors=USAGE_ERRORS, interrupted=interrupted)
 def main(cfg: DictConfig) -> None:
     import distributed  # noqa: F401  (sets its loggers' levels on import: import first, then quiet them)
 
