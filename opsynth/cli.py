@@ -15,7 +15,7 @@ Hydra will compose them, and a key Hydra does not know is either
 
 Usage in an entry point:
 
-    @cli.entry("generate", fields={"": GenerateConfig}, interrupted=lambda cfg: "...")
+    @cli.entry("generate", fields=lambda: {"": GenerateConfig}, interrupted=lambda cfg: "...")
     def main(cfg: DictConfig) -> None:
         ...raise cli.UsageError("output_dir ... is a file")...   # -> `error: ...`, exit 2
 """
@@ -86,9 +86,16 @@ def dataclass_keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
     return keys, open_prefixes
 
 
-def schema_keys(fields: Mapping[str, type] | None) -> tuple[set[str], set[str]]:
-    """The keys of each `prefix -> dataclass` entry of `fields` ("" for the top level)."""
+Fields = Mapping[str, type] | Callable[[], Mapping[str, type]] | None
+
+
+def schema_keys(fields: Fields) -> tuple[set[str], set[str]]:
+    """The keys of each `prefix -> dataclass` entry of `fields` ("" for the top level). `fields`
+    may be a function returning that mapping, called only when a key is missing from the YAML (so
+    a command whose dataclasses import torch answers a plain mistake without importing it)."""
     keys, open_prefixes = set(), set()
+    if callable(fields):
+        fields = fields()
     for prefix, cls in (fields or {}).items():
         k, o = dataclass_keys(cls, f"{prefix}." if prefix else "")
         keys |= k
@@ -159,7 +166,7 @@ def _missing_group_message(text: str, config_dir: Path) -> str:
     return f"{group}={choice} is not an option{hint}; {group}= takes one of {', '.join(options)} (conf/{group}/*.yaml)"
 
 
-def check_overrides(config_name: str, overrides: list[str], fields: Mapping[str, type] | None = None,
+def check_overrides(config_name: str, overrides: list[str], fields: Fields = None,
                     required: Mapping[str, str] | None = None, config_dir: Path = CONF_DIR) -> list[str]:
     """The overrides to hand to Hydra, after composing them as Hydra will; raises UsageError.
 
@@ -178,7 +185,13 @@ def check_overrides(config_name: str, overrides: list[str], fields: Mapping[str,
         except (OverrideParseException, HydraException):
             raise UsageError(f"cannot read the setting {line!r}: write key=value, e.g. n_tasks=5 "
                              "(quote values with spaces or commas)") from None
-    keys, open_prefixes = schema_keys(fields)
+    schema: list[tuple[set[str], set[str]]] = []  # computed on first need
+
+    def known() -> tuple[set[str], set[str]]:
+        if not schema:
+            schema.append(schema_keys(fields))
+        return schema[0]
+
     for _ in range(len(overrides) + 1):
         try:
             cfg = _compose(config_name, overrides, config_dir)
@@ -193,10 +206,11 @@ def check_overrides(config_name: str, overrides: list[str], fields: Mapping[str,
             i = next((j for j, line in enumerate(overrides)
                       if parser.parse_override(line).key_or_group == key
                       and parser.parse_override(line).type == OverrideType.CHANGE), None)
-            if i is not None and not key.startswith("hydra.") and _accepts(key, keys, open_prefixes):
+            if i is not None and not key.startswith("hydra.") and _accepts(key, *known()):
                 overrides[i] = "++" + overrides[i]
                 continue
-            raise UsageError(unknown_key_message(key, *_known_keys(config_name, overrides, key, keys, config_dir))) from None
+            raise UsageError(unknown_key_message(key, *_known_keys(config_name, overrides, key, known()[0],
+                                                                   config_dir))) from None
         except HydraException as e:
             raise UsageError(" ".join(str(e).split())) from None
     else:  # every pass promoted one override; the last compose still failed
@@ -230,10 +244,10 @@ def _known_keys(config_name: str, overrides: list[str], bad_key: str, schema: se
 
 # --- the entry decorator ----------------------------------------------------------------------
 
-def entry(config_name: str, *, fields: Mapping[str, type] | None = None, required: Mapping[str, str] | None = None,
-          usage_errors: tuple[type[BaseException], ...] = (),
-          interrupted: Callable[[Any], str] | None = None) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
-    """`hydra.main(conf/<config_name>.yaml)` with the project's error contract.
+def entry(config_name: str, *, fields: Fields = None, required: Mapping[str, str] | None = None,
+          usage_errors: tuple[type[BaseException], ...] = (), interrupted: Callable[[Any], str] | None = None,
+          config_dir: Path = CONF_DIR) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
+    """`hydra.main(<config_dir>/<config_name>.yaml)` with the project's error contract.
 
     fields / required: see `check_overrides` (run on the command line before Hydra starts).
     usage_errors: exception types the command raises for bad input (besides UsageError), turned
@@ -262,7 +276,7 @@ def entry(config_name: str, *, fields: Mapping[str, type] | None = None, require
                 print(line, file=sys.stderr, flush=True)
                 sys.exit(INTERRUPT_EXIT)
 
-        hydra_main = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base=None)(guarded)
+        hydra_main = hydra.main(config_path=str(config_dir), config_name=config_name, version_base=None)(guarded)
 
         @functools.wraps(task)
         def main(cfg_passthrough: Any = None) -> Any:
@@ -271,7 +285,7 @@ def entry(config_name: str, *, fields: Mapping[str, type] | None = None, require
             args = sys.argv[1:]
             try:
                 if not any(a.startswith("-") for a in args):
-                    sys.argv[1:] = check_overrides(config_name, args, fields, required)
+                    sys.argv[1:] = check_overrides(config_name, args, fields, required, config_dir)
                 return hydra_main()
             except UsageError as e:
                 fail(str(e))

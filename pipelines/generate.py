@@ -14,10 +14,13 @@ import sys
 from omegaconf import DictConfig
 
 from opsynth import cli
-from opsynth.config import generate_config
-from opsynth.dedup.kernelbench import KernelBenchUnavailable
-from opsynth.pipeline import GenerateConfig, run
-from opsynth.shards.writer import FolderLocked
+
+
+def settings() -> dict:
+    """The dataclasses the settings build (imported on demand: they import torch)."""
+    from opsynth.pipeline import GenerateConfig
+
+    return {"": GenerateConfig}
 
 
 def interrupted(cfg: DictConfig) -> str:
@@ -32,13 +35,14 @@ def interrupted(cfg: DictConfig) -> str:
     return f"interrupted: {kept}; run the same command again to resume from there"
 
 
-# Refusals that name what to change (the KernelBench path, a folder another run holds): one line, exit 2.
-USAGE_ERRORS = (KernelBenchUnavailable, FolderLocked)
-
-
-@cli.entry("generate", fields={"": GenerateConfig}, usage_errors=USAGE_ERRORS, interrupted=interrupted)
+@cli.entry("generate", fields=settings, interrupted=interrupted)
 def main(cfg: DictConfig) -> None:
     import distributed  # noqa: F401  (sets its loggers' levels on import: import first, then quiet them)
+
+    from opsynth.config import generate_config
+    from opsynth.dedup.kernelbench import KernelBenchUnavailable
+    from opsynth.pipeline import run
+    from opsynth.shards.writer import FolderLocked
 
     cli.quiet_libraries()
     try:
@@ -46,7 +50,10 @@ def main(cfg: DictConfig) -> None:
         copy.deepcopy(gen_cfg).validate()  # on a copy: run() resolves sampler.scale=null by device first
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         raise cli.UsageError(f"invalid configuration: {e}") from None
-    summary = run(gen_cfg)
+    try:
+        summary = run(gen_cfg)
+    except (KernelBenchUnavailable, FolderLocked) as e:  # they name what to change: one line, exit 2
+        raise cli.UsageError(str(e)) from None
     keep = ("n_tasks", "accepted", "num_rejected", "acceptance_rate", "candidates_per_minute", "wall_time_s",
             "device", "rejected")
     print(json.dumps({k: summary.get(k) for k in keep}, default=str))
