@@ -182,3 +182,50 @@ def test_a_candidate_that_kills_its_dask_worker_twice_is_rejected_and_the_run_go
     assert summary["rejected"].get("killed_worker", 0) >= 1
     assert set(summary["rejected"]) <= {"too_fast", "killed_worker"}
     assert sum(summary["rejected"].values()) == 3 and summary["candidates"] == 3
+
+
+@pytest.mark.parametrize("gpus,scale,band_min", [(0, 0.1, 0.05), (1, 1.0, 1.0)])
+def test_sampler_scale_null_is_resolved_by_the_device_that_verifies(tmp_path, fake, monkeypatch, gpus, scale, band_min):
+    """README: `sampler.scale=null` means 1.0 on a GPU, 0.1 on a CPU (verify=auto, the default).
+    What reaches the candidates is checked, and the band the run records for its card."""
+    import opsynth.cluster
+
+    monkeypatch.setattr(opsynth.cluster, "visible_gpus", lambda: gpus)
+    seen = tmp_path / "scales.txt"
+    inner = pipeline.process_candidate
+
+    def spy(index, seed, sampler_cfg, *args, **kw):
+        with open(seen, "a") as f:
+            f.write(f"{sampler_cfg['scale']}\n")
+        return inner(index, seed, sampler_cfg, *args, **kw)
+
+    monkeypatch.setattr(pipeline, "process_candidate", spy)
+    cfg = _cfg(tmp_path / "ds", 2)
+    cfg.sampler.scale = None
+    assert cfg.verify.device == "auto"
+    summary = _run_with_deadline(cfg)
+    assert {float(x) for x in seen.read_text().split()} == {scale}
+    assert summary["thresholds"]["eager_ms_min"] == band_min
+
+
+def test_flush_every_above_one_writes_shards_and_state_every_that_many_rows(tmp_path, fake, monkeypatch):
+    """README: `flush_every` N writes the shards and the resume state at least every N accepted rows
+    (and not at every row: a flush rewrites the open shard)."""
+    saves = []
+    save = pipeline._save_state
+
+    def record(out, state):
+        from opsynth.shards import count_rows
+
+        saves.append((state["stats"]["accepted"], count_rows(out), state.get("finished", False)))
+        save(out, state)
+
+    monkeypatch.setattr(pipeline, "_save_state", record)
+    cfg = _cfg(tmp_path / "ds", 7)
+    cfg.flush_every = 3
+    _run_with_deadline(cfg)
+    during = [(accepted, on_disk) for accepted, on_disk, finished in saves if not finished]
+    # at 3 and 6 rows, then at the end of the loop (7); every save has the rows it counts on disk
+    assert [a for a, _ in during] == [3, 6, 7], saves
+    assert all(accepted == on_disk for accepted, on_disk in during), saves
+    assert saves[-1] == (7, 7, True)
