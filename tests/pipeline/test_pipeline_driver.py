@@ -229,3 +229,42 @@ def test_flush_every_above_one_writes_shards_and_state_every_that_many_rows(tmp_
     assert [a for a, _ in during] == [3, 6, 7], saves
     assert all(accepted == on_disk for accepted, on_disk in during), saves
     assert saves[-1] == (7, 7, True)
+
+
+def test_cluster_scheduler_runs_on_an_existing_dask_cluster_and_leaves_it_running(tmp_path, tasks):
+    """README: `cluster=scheduler cluster.address=tcp://host:8786` uses a cluster someone else
+    started. Here a real Dask scheduler with one worker process is started by the test; the run
+    must connect to it, do its candidates on that worker, and leave the cluster up when done."""
+    from distributed import Client, LocalCluster
+
+    log = tmp_path / "calls.txt"
+    plain = {i: {k: t[k] for k in ("code", "task_id", "signature", "ops", "graph")} | {
+        "data_source": t["st"].data_source, "num_ops": t["st"].num_ops} for i, t in tasks.items()}
+
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):  # nested: pickled by value
+        import os
+
+        with open(log, "a") as f:
+            f.write(f"{index} {os.getpid()}\n")
+        t = plain[index]
+        row = {"code": t["code"], "ops": t["ops"], "data_source": t["data_source"], "task_id": t["task_id"],
+               "num_ops": t["num_ops"], "graph": t["graph"], "input_shapes": "[]", "eager_ms": 1.0,
+               "compile_ms": 1.0, "device": "cpu", "torch_version": "test", "kb_max_similarity": None,
+               "kb_nearest": None, "seed": seed}
+        return {"index": index, "seed": seed, "accepted": True, "reason": None, "row": row,
+                "signature": t["signature"], "evidence": None}
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as external, \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "process_candidate", process)
+        with Client(external) as probe:
+            worker_pids = set(probe.run(os.getpid).values())
+        cfg = _cfg(tmp_path / "ds", 3)
+        cfg.cluster.kind, cfg.cluster.address = "scheduler", external.scheduler_address
+        cfg.validate()
+        summary = _run_with_deadline(cfg, seconds=180)
+        assert summary["accepted"] == 3 and summary["rows"] == 3
+        pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
+        assert pids == worker_pids and os.getpid() not in pids, (pids, worker_pids)
+        with Client(external.scheduler_address, timeout=10) as after:  # still up, worker still there
+            assert len(after.scheduler_info()["workers"]) == 1
