@@ -268,3 +268,23 @@ def test_cluster_scheduler_runs_on_an_existing_dask_cluster_and_leaves_it_runnin
         assert pids == worker_pids and os.getpid() not in pids, (pids, worker_pids)
         with Client(external.scheduler_address, timeout=10) as after:  # still up, worker still there
             assert len(after.scheduler_info()["workers"]) == 1
+
+
+def test_a_local_cluster_is_quiet_when_port_8787_is_taken(recwarn):
+    """Another run (or an open Dask dashboard) holds 8787: starting ours must not warn about it."""
+    import socket
+
+    from opsynth.cluster import ClusterConfig, start_cluster
+
+    blocker = socket.socket()
+    try:
+        blocker.bind(("", 8787))
+        blocker.listen()
+    except OSError:
+        pass  # already taken by someone else: the same situation
+    try:
+        handle = start_cluster(ClusterConfig(kind="local", n_workers=1, threads_per_worker=1))
+        handle.close()
+    finally:
+        blocker.close()
+    assert not [w for w in recwarn if "8787" in str(w.message)], [str(w.message) for w in recwarn]
