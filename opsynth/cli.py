@@ -115,7 +115,7 @@ def _config_keys(cfg: Any, prefix: str = "") -> set[str]:
 
     out = set()
     if isinstance(cfg, DictConfig):
-        for k in cfg.keys():
+        for k in cfg:
             key = f"{prefix}{k}"
             out.add(key)
             out |= _config_keys(cfg._get_node(k), key + ".")
@@ -217,7 +217,7 @@ def check_overrides(config_name: str, overrides: list[str], fields: Fields = Non
         raise UsageError(f"cannot compose the {config_name} config from {overrides}")
     from omegaconf import OmegaConf
 
-    task_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+    task_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     missing = sorted(OmegaConf.missing_keys(task_cfg))
     if missing:
         k = missing[0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def to_plain(node: Any) -> Any:

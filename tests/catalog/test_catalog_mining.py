@@ -74,7 +74,7 @@ def test_cli_excluded_lists_every_left_out_candidate_with_its_reason(catalog):
     run = [sys.executable, "-m", "opsynth.catalog"]
     full = subprocess.run(run + ["--excluded"], capture_output=True, text=True, check=True, timeout=300).stdout
     plain = subprocess.run(run, capture_output=True, text=True, check=True, timeout=300).stdout
-    head, _, listed = full.partition(f"{len(catalog.excluded)} candidates excluded (listed below)\n")
+    _, _, listed = full.partition(f"{len(catalog.excluded)} candidates excluded (listed below)\n")
     assert listed, full[-2000:]
     rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in listed.splitlines() if ln.strip()}
     assert rows == catalog.excluded

@@ -138,9 +138,9 @@ def test_speedup_plot_labels_a_narrow_log_range_readably(tmp_path):
 
 
 def test_count_plots_have_whole_number_ticks(tmp_path):
-    from opsynth.shards.report import _plot_barh, _plot_similarity
-
     import numpy as np
+
+    from opsynth.shards.report import _plot_barh, _plot_similarity
 
     ax = _plot_barh({"too_fast": 3, "constant_output": 1}, "t", "candidates", "rejections", tmp_path / "b.png").axes[0]
     assert all(float(t).is_integer() for t in ax.get_xticks())
