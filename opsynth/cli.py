@@ -167,12 +167,13 @@ def _missing_group_message(text: str, config_dir: Path) -> str:
 
 
 def check_overrides(config_name: str, overrides: list[str], fields: Fields = None,
-                    required: Mapping[str, str] | None = None, config_dir: Path = CONF_DIR) -> list[str]:
+                    required: Mapping[str, str | None] | None = None, config_dir: Path = CONF_DIR) -> list[str]:
     """The overrides to hand to Hydra, after composing them as Hydra will; raises UsageError.
 
     fields: `prefix -> dataclass` that the command builds its settings from ("" for the top level);
         a key one of them has but the YAML lacks is passed on as `++key=value`.
-    required: what to say for a `???` key left unset, e.g. {"repo_id": "add repo_id=<user or org>/<name>"}."""
+    required: what to say for a `???` key left unset, e.g. {"repo_id": "add repo_id=<user or org>/<name>"};
+        a key mapped to None is left to the command (needed by one mode only, say)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
     from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
@@ -218,10 +219,11 @@ def check_overrides(config_name: str, overrides: list[str], fields: Fields = Non
     from omegaconf import OmegaConf
 
     task_cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    missing = sorted(OmegaConf.missing_keys(task_cfg))
+    hints = dict(required or {})
+    missing = sorted(k for k in OmegaConf.missing_keys(task_cfg) if hints.get(k, "") is not None)
     if missing:
         k = missing[0]
-        raise UsageError(f"{k} is required: {(required or {}).get(k, f'add {k}=<value>')}")
+        raise UsageError(f"{k} is required: {hints.get(k) or f'add {k}=<value>'}")
     return overrides
 
 
@@ -244,7 +246,7 @@ def _known_keys(config_name: str, overrides: list[str], bad_key: str, schema: se
 
 # --- the entry decorator ----------------------------------------------------------------------
 
-def entry(config_name: str, *, fields: Fields = None, required: Mapping[str, str] | None = None,
+def entry(config_name: str, *, fields: Fields = None, required: Mapping[str, str | None] | None = None,
           usage_errors: tuple[type[BaseException], ...] = (), interrupted: Callable[[Any], str] | None = None,
           config_dir: Path = CONF_DIR) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
     """`hydra.main(<config_dir>/<config_name>.yaml)` with the project's error contract.

@@ -94,6 +94,7 @@ def test_a_missing_mandatory_value_is_named_with_its_hint(conf):
     msg = usage(conf, name="needs", required={"path": "add path=<a folder>"})
     assert msg == "path is required: add path=<a folder>"
     assert check(conf, "path=/tmp", name="needs") == ["path=/tmp"]
+    assert check(conf, name="needs", required={"path": None}) == []  # left to the command
 
 
 def test_the_generate_schema_knows_nested_and_open_keys():
