@@ -97,13 +97,16 @@ def start_cluster(cfg: ClusterConfig, run_dir: str | os.PathLike | None = None) 
     dask.config.set({"distributed.scheduler.allowed-failures": 1,
                      "distributed.worker.daemon": False})
     dash = ":0" if cfg.dashboard else None
+    # Without a dashboard the scheduler still serves HTTP (health, metrics), on 8787 unless told:
+    # any free port, so a second run (or an open dashboard) brings no "Port 8787 is already in use".
+    quiet_http = None if cfg.dashboard else {"dashboard_address": ":0"}
     cores = os.cpu_count() or 1
     if cfg.kind == "local":
         n = cfg.n_workers or 1
         threads = cfg.threads_per_worker or max(1, cores // n)
         cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=True,
                                memory_limit=cfg.memory_limit, dashboard_address=dash,
-                               silence_logs=logging.ERROR)
+                               silence_logs=logging.ERROR, scheduler_kwargs=quiet_http)
         return ClusterHandle(Client(cluster), cluster, cfg.kind, n * threads, False)
     if cfg.kind == "local_cuda":
         gpus = visible_gpus()
@@ -112,7 +115,7 @@ def start_cluster(cfg: ClusterConfig, run_dir: str | os.PathLike | None = None) 
         threads = cfg.threads_per_worker or 8
         cluster = LocalCluster(n_workers=gpus, threads_per_worker=threads, processes=True,
                                memory_limit=cfg.memory_limit, dashboard_address=dash,
-                               resources={"GPU": threads}, silence_logs=logging.ERROR)
+                               resources={"GPU": threads}, silence_logs=logging.ERROR, scheduler_kwargs=quiet_http)
         return ClusterHandle(Client(cluster), cluster, cfg.kind, gpus * threads, True)
     if cfg.kind == "slurm":
         from opsynth.slurm import start_slurm

@@ -15,11 +15,13 @@ similarity measure abstracts away, so checking the uncalibrated source gives the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -67,6 +69,11 @@ class GenerateConfig:
             raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
         if not self.output_dir:
             raise ValueError("output_dir must be a folder path")
+        blocked = next((p for p in [Path(self.output_dir), *Path(self.output_dir).parents]
+                        if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise ValueError(f"output_dir={self.output_dir}: {blocked} is a file, not a folder; give a new folder "
+                             "or the folder of an earlier run (to resume it)")
         if self.flush_every < 1:
             raise ValueError("flush_every must be >= 1")
         self.sampler.validate()
@@ -362,8 +369,19 @@ class _Committer:
         self.stats.device = row["device"] or self.stats.device
 
 
+def verify_device(cfg: GenerateConfig) -> str:
+    """"cuda" or "cpu": where the verifier runs with these settings (`verify.device=auto` picks the
+    GPU when the driver sees one). It decides `sampler.scale=null` and which runtime band applies."""
+    if cfg.verify.device in ("cpu", "cuda"):
+        return cfg.verify.device
+    from opsynth.cluster import visible_gpus
+
+    return "cuda" if visible_gpus() > 0 else "cpu"
+
+
 def _describe_run(stats, cfg: GenerateConfig) -> None:
-    """Record the settings of this run in its stats (the card and report print them)."""
+    """Record the settings of this run in its stats (the card and report print them). The runtime
+    band and memory cap are those in force on the device that verifies (the CPU band on a CPU run)."""
     from opsynth.shards.stats import default_versions
 
     stats.n_tasks = cfg.n_tasks
@@ -371,12 +389,13 @@ def _describe_run(stats, cfg: GenerateConfig) -> None:
     stats.cluster = cfg.cluster.kind
     stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
                             for k, v in cfg.sampler.mixture.items()}
+    device = verify_device(cfg)
+    limits = cfg.verify.limits(device)
     stats.thresholds = {
-        "eager_ms_min": cfg.verify.min_ms, "eager_ms_max": cfg.verify.max_ms,
-        "cpu_eager_ms_min": cfg.verify.cpu_min_ms, "cpu_eager_ms_max": cfg.verify.cpu_max_ms,
+        "verify_device": device, "eager_ms_min": limits.min_ms, "eager_ms_max": limits.max_ms,
         "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
         "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
-        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": cfg.verify.mem_cap_gb,
+        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": limits.mem_cap_gb,
         "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
     }
     stats.versions = {**default_versions(), **stats.versions}
@@ -427,6 +446,7 @@ def run(cfg: GenerateConfig) -> dict:
     summary = stats.to_dict()
     summary["files"] = [str(f) for f in files]
     summary["rows"] = total_rows  # in the folder, earlier runs included; < n_tasks when max_candidates stopped it
+    summary["generated"] = not complete  # False: the folder already held n_tasks rows
     summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
                                    if committer.calib_steps else None)
     if cfg.write_card:
@@ -438,8 +458,25 @@ def run(cfg: GenerateConfig) -> dict:
     return summary
 
 
+@contextlib.contextmanager
+def _sigint_ignored_in_children():
+    """Start processes that ignore SIGINT: a Ctrl-C in the terminal goes to the whole process group,
+    and Dask workers (and the verify workers they start) would each print a KeyboardInterrupt
+    traceback. The driver alone handles it: it saves the state and closes the cluster, which stops
+    them. (Processes inherit an ignored SIGINT, and Python then installs no handler for it.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
-    handle = start_cluster(cfg.cluster, run_dir=out)
+    with _sigint_ignored_in_children():
+        handle = start_cluster(cfg.cluster, run_dir=out)
     client = handle.client
     max_in_flight = cfg.max_in_flight or 4 * handle.slots
     max_candidates = cfg.max_candidates or 200 * cfg.n_tasks

@@ -66,11 +66,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def in_ci() -> bool:
+    """CI=true (GitHub Actions, GitLab and most runners set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
 @pytest.fixture(scope="session")
 def kernelbench_parquet() -> Path:
+    """The KernelBench reference. Missing on a developer's machine: the tests that need it skip.
+    Missing in CI: an error, since a CI run that skips decontamination proves nothing about it."""
     if not KERNELBENCH_PARQUET.exists():
-        pytest.skip(
-            f"KernelBench reference not found at {KERNELBENCH_PARQUET}; "
-            "set OPSYNTH_KERNELBENCH to the kernelbench.parquet path"
-        )
+        msg = (f"KernelBench reference not found at {KERNELBENCH_PARQUET}; "
+               "set OPSYNTH_KERNELBENCH to the kernelbench.parquet path")
+        if in_ci():
+            pytest.fail(f"CI=true: {msg}", pytrace=False)
+        pytest.skip(msg)
     return KERNELBENCH_PARQUET
