@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from opsynth import cli
 
-class UsageError(Exception):
-    """The caller's mistake (a missing file, a task that cannot be read or run): one line, exit code 2."""
+UsageError = cli.UsageError  # the caller's mistake (a missing file, a task that cannot be read or run): one line, exit 2
 
 
 def _readable(cfg: Any, key: str, what: str) -> Path:
@@ -108,13 +107,16 @@ def run(cfg: Any) -> dict:
     return out
 
 
-@hydra.main(config_path="../conf", config_name="evaluate", version_base=None)
+def _fields() -> dict:
+    from opsynth.reward.eval_types import RewardConfig
+
+    return {"reward": RewardConfig}
+
+
+@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None},
+           interrupted=lambda cfg: "interrupted: nothing is kept from an unfinished evaluation")
 def main(cfg: DictConfig) -> None:
-    try:
-        run(cfg)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run(cfg)
 
 
 if __name__ == "__main__":
