@@ -41,7 +41,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def gpu_results(tmp_path_factory):
-    cfg = RewardConfig(device="cuda", cache_dir=str(tmp_path_factory.mktemp("gpu_reward_cache")), static_check=False)
+    # The defaults (static pre-check on, isolation on): what training uses.
+    cfg = RewardConfig(device="cuda", cache_dir=str(tmp_path_factory.mktemp("gpu_reward_cache")))
     names = list(CASES)
     results = evaluate_many([(CASES[n][0], cuda_candidate(n)) for n in names], cfg)
     for n, r in zip(names, results):
