@@ -103,7 +103,7 @@ def main() -> None:
     import torch
     import torch.utils.cpp_extension as ce
 
-    from opsynth.rl.pch import _torch_cflags, pch_include_dir
+    from opsynth.reward.pch import _torch_cflags, pch_include_dir
 
     work = tempfile.mkdtemp(prefix="build_cost_")
     rows = []

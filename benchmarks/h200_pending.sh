@@ -23,7 +23,7 @@ fi
 if [ "$STAGE" = all ] || [ "$STAGE" = reward ] || [ "$STAGE" = both ]; then
 # 1. reward environment on CUDA: adversarial and good candidates (passed 10/10 on 2026-11-30: benchmarks/results/reward_gpu_tests_h200*.log)
 # (-s shows each candidate's verdict as the module fixture computes them; all share one nvcc build)
-timeout 290 python3 -m pytest -s -v -m gpu tests/rl/test_reward_gpu.py -p no:cacheprovider --timeout 280 --durations=3 > "$OUT/gpu_tests.log" 2>&1
+timeout 290 python3 -m pytest -s -v -m gpu tests/reward/test_reward_gpu.py -p no:cacheprovider --timeout 280 --durations=3 > "$OUT/gpu_tests.log" 2>&1
 tail -14 "$OUT/gpu_tests.log"
 [ "$STAGE" = both ] && exit 0
 # 2. what one build costs by part, with this host's nvcc (CPU work; light vs heavy .cu, PCH or not)

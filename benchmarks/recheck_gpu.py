@@ -80,9 +80,11 @@ def check_row(code: str, device: str, warmup: int, repeats: int, tol: dict) -> d
     """Measure one task as the dataset's user would; see the module docstring for what passes."""
     import torch
 
-    from opsynth.render.contract import load_task_module
+    from opsynth.render.task_file import load_task_module, missing_names
 
     mod = load_task_module(code, "recheck_task")
+    if missing_names(mod):
+        raise ValueError(f"the task lacks {', '.join(missing_names(mod))}")
     torch.manual_seed(0)
     with torch.device(device):
         model = mod.Model(*mod.get_init_inputs())
@@ -216,16 +218,13 @@ def read_rows(folder: Path) -> list[dict]:
 
 def promised(folder: Path, device: str, args) -> tuple[tuple[float, float], dict]:
     """The band and tolerances the folder's run promised (state file), else the defaults."""
-    th, ver = {}, {}
+    ver = {}
     try:
-        stats = json.loads((folder / STATE_FILE).read_text()).get("stats", {})
-        th, ver = stats.get("thresholds", {}), stats.get("config", {}).get("verify", {})
+        ver = json.loads((folder / STATE_FILE).read_text()).get("stats", {}).get("config", {}).get("verify", {})
     except (OSError, ValueError):
         pass
-    if device == "cuda":
-        band = (th.get("eager_ms_min", 1.0), th.get("eager_ms_max", 100.0))
-    else:
-        band = (th.get("cpu_eager_ms_min", 0.05), th.get("cpu_eager_ms_max", 100.0))
+    p, lo, hi = ("", 1.0, 100.0) if device == "cuda" else ("cpu_", 0.05, 100.0)
+    band = (float(ver.get(p + "min_ms", lo)), float(ver.get(p + "max_ms", hi)))
     if args.band:
         band = tuple(float(v) for v in args.band.split(","))
     tol = {k: float(getattr(args, k) if getattr(args, k) is not None else ver.get(k, d))

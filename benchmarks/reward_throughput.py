@@ -9,7 +9,7 @@ no_implicit_headers=True, the torch wrapper in C++) and "heavy" (torch headers i
     python benchmarks/reward_throughput.py                      # H200: CUDA candidates
     python benchmarks/reward_throughput.py --device cpu --count 6 --baseline-count 2   # CPU
 
-Imports only torch and opsynth.rl (no dask / hydra / datasets).
+Imports only torch and opsynth.reward (no dask / hydra / datasets).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from opsynth.rl import RewardConfig, evaluate, evaluate_many  # noqa: E402
+from opsynth.reward import RewardConfig, evaluate, evaluate_many  # noqa: E402
 
 # ---- tasks (KernelBench format) -------------------------------------------------------------------
 
@@ -355,7 +355,7 @@ def _summary(res) -> dict:
     return dict(collections.Counter(f"{r.reward}:{r.reason}" for r in res))
 
 
-PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "locked_s", "measure_wall_s")  # EvalResult.times keys
+PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "locked_s", "measure_wall_s", "judge_s")  # EvalResult.times keys
 
 
 def _median(values) -> float | None:
@@ -367,128 +367,166 @@ def _rate(n: int, seconds: float) -> float:
     return round(n / seconds * 60, 2) if seconds > 0 else 0.0
 
 
+def group_source(task: str, member: int, device: str) -> str:
+    """A GRPO-shaped completion: one extension name and one wrapper per task, kernel bodies differ."""
+    src = candidate_source(task, 7, device, "light")
+    src = src.replace("// variant 7", f"// completion {member}")
+    src = src.replace("y[i] = v;", f"y[i] = v + 0.0f * {member}.0f;").replace("Y[(long)i * m + j] = v > 0.f ? v : 0.f;", f"Y[(long)i * m + j] = (v > 0.f ? v : 0.f) + 0.0f * {member}.0f;")
+    return src.replace('name="bench_{t}_7"'.format(t=task), f'name="group_{task}"')
+
+
+def _tu(stats_before: dict, stats_after: dict) -> dict:
+    from opsynth.reward.builds import tu_hit_counts
+
+    hits, total = tu_hit_counts(stats_before, stats_after)
+    return {"tu_hits": hits, "tu_compiles": total, "tu_hit_rate": round(hits / total, 3) if total else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tasks", default="chain,relu_scale,linear_relu")
-    ap.add_argument("--styles", default=None,
-                    help="candidate layouts, comma-separated, the first one headlines the JSON: light (torch-free .cu, "
-                         "as the policy brief asks) and/or heavy (torch headers in the .cu). Default: light,heavy on "
-                         "cuda; heavy on cpu (no .cu there)")
-    ap.add_argument("--count", type=int, default=48, help="candidates in each overlapped run")
-    ap.add_argument("--baseline-count", type=int, default=4, help="candidates evaluated one at a time, per style")
+    ap.add_argument("--count", type=int, default=48, help="distinct light-layout candidates in the overlapped run")
+    ap.add_argument("--group-size", type=int, default=8, help="completions per task in the GRPO-shaped run")
+    ap.add_argument("--baseline-count", type=int, default=3, help="candidates evaluated one at a time")
     ap.add_argument("--build-workers", type=int, default=None, help="default: RewardConfig's (cpu_count on cuda)")
     ap.add_argument("--measure-workers", type=int, default=None)
-    ap.add_argument("--prebuild", choices=("auto", "yes", "no"), default="auto",
-                    help="build in separate children before measuring (auto: RewardConfig's default, no on cuda)")
     ap.add_argument("--no-shared-pch", action="store_true", help="build without the shared precompiled torch/extension.h")
-    ap.add_argument("--cache-dir", default=None, help="default: a fresh temp dir (so every build is real)")
+    ap.add_argument("--ccache", default="auto", help="reward.ccache: auto, false, or a path")
+    ap.add_argument("--isolation", default="auto", help="reward.isolation: auto, namespaces, none")
+    ap.add_argument("--cache-dir", default=None, help="default: a fresh temp dir (fresh caches: every build is real)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reward_throughput.json"))
     args = ap.parse_args()
 
     import torch
 
-    from opsynth.rl.evaluate import _cleanup, _prepare_reference
-    from opsynth.rl.pch import pch_include_dir, pch_root
+    from opsynth.reward.builds import ccache_stats
+    from opsynth.reward.evaluate import build_service
+    from opsynth.reward.pch import pch_include_dir, pch_root
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     tasks = [t for t in args.tasks.split(",") if t]
     if device == "cpu":
         tasks = [t for t in tasks if t != "linear_relu"] or ["chain"]
-    styles = [x for x in (args.styles or ("light,heavy" if device == "cuda" else "heavy")).split(",") if x]
     cache = args.cache_dir or tempfile.mkdtemp(prefix="reward_bench_")
     cfg = RewardConfig(device=device, cache_dir=cache, build_workers=args.build_workers,
                        measure_workers=args.measure_workers, shared_pch=not args.no_shared_pch,
-                       prebuild={"auto": None, "yes": True, "no": False}[args.prebuild])
+                       ccache=args.ccache, isolation=args.isolation)
     run_salt = int(time.time()) % 100000 * 1000  # fresh sources even with a reused cache dir
+    style = "light" if device == "cuda" else "heavy"
     out = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
         "evals_per_min": None,
         "baseline_evals_per_min": None,
+        "group_evals_per_min": None,
+        "cache_hit_rate": None,
+        "cold_first_eval_s": None,
         "complete": False,
-        "headline_style": styles[0],
+        "style": style,
+        "isolation": args.isolation,
         "cpu_count": os.cpu_count(),
         "build_workers": cfg.resolved_build_workers(device),
         "measure_workers": cfg.resolved_measure_workers(device),
         "shared_pch": cfg.shared_pch,
-        "prebuild": cfg.resolved_prebuild(device),
         "tasks": tasks,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "by_style": {},
+        "phases": {},
     }
 
     def save():  # after every phase, so a run cut short still leaves its numbers
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=2))
 
-    # Warm-up, as in steady-state training: reference baselines (eager, torch.compile) per task, which
-    # are cached, and the shared PCH, which is built once per compiler and flag set.
+    say = lambda m: print(f"  {m}", flush=True)  # noqa: E731
+
+    # 1. Cold: fresh caches, nothing warm (fork server, baselines, PCH, builds): one evaluation.
+    svc = build_service(cfg, device)
+    out["ccache_path"] = svc.ccache
+    pairs, task_srcs = make_pairs(device, tasks, 1, run_salt + 1, style)
+    t0 = time.perf_counter()
+    cold = evaluate(pairs[0][1], pairs[0][2], cfg, progress=say)
+    out["cold_first_eval_s"] = round(time.perf_counter() - t0, 1)
+    out["cold_first_eval"] = {"reward": cold.reward, "reason": cold.reason, "times": cold.times}
+    print(f"[cold] first evaluation {out['cold_first_eval_s']} s: {cold.reward} {cold.reason}", flush=True)
+    save()
+
+    # Warm-up, as in steady-state training: the other tasks' baselines (cached) and the shared PCH
+    # (built once per compiler and flag set; the cold run started it in the background).
     t0 = time.perf_counter()
     _, task_srcs = make_pairs(device, tasks, len(tasks), 0)
+    from opsynth.reward.evaluate import _cleanup, _prepare_reference
+
     for name, src in task_srcs.items():
         ref = _prepare_reference(src, cfg, device)
         print(f"[warm-up {time.perf_counter() - t0:.0f} s] {name}: ok={ref.ok} eager={ref.eager_ms} compile={ref.compile_ms}", flush=True)
         _cleanup(ref.scratch, cfg)
-    out["warmup_s"] = round(time.perf_counter() - t0, 1)
     if cfg.shared_pch:
-        t0 = time.perf_counter()
         d = pch_include_dir(pch_root(cache), ["-O3"], with_cuda=device == "cuda", log=print)
-        out["pch_s"] = round(time.perf_counter() - t0, 1)
-        print(f"[warm-up] shared PCH {'ready' if d else 'unavailable'} in {out['pch_s']} s", flush=True)
+        print(f"[warm-up] shared PCH {'ready' if d else 'unavailable'}", flush=True)
+    out["warmup_s"] = round(time.perf_counter() - t0, 1)
     save()
 
-    for k, style in enumerate(styles):
-        rec = out["by_style"].setdefault(style, {})
-        # One at a time first: short, and the comparison the target is about.
-        base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 100_000 * k + 50_000, style)
-        t0 = time.perf_counter()
-        base = []
-        for _, src, cand in base_pairs:
-            base.append(evaluate(src, cand, cfg))
-            print(f"[{style} one-at-a-time {time.perf_counter() - t0:.0f} s] {base[-1].reward} {base[-1].reason} "
-                  f"build {base[-1].times.get('build_s')} s", flush=True)
-        baseline_s = time.perf_counter() - t0
-        rec.update(baseline_count=len(base), baseline_s=round(baseline_s, 1), baseline_evals_per_min=_rate(len(base), baseline_s),
-                   baseline_rewards=_summary(base))
-        if k == 0:
-            out["baseline_evals_per_min"] = rec["baseline_evals_per_min"]
-        save()
-
-        pairs, _ = make_pairs(device, tasks, args.count, run_salt + 100_000 * k, style)
+    def phase(name: str, pairs: list, one_at_a_time: bool = False) -> dict:
+        rec = out["phases"].setdefault(name, {})
+        before, ext_before = ccache_stats(svc.ccache, svc.cache_dir), svc.stats.as_dict()
         t0 = time.perf_counter()
         done: list = []
         lock = threading.Lock()  # results arrive on evaluate_many's worker threads
 
-        def progress(_i, res):  # a run cut short still records how far it got, and when
+        def progress(_i, res):
             with lock:
                 done.append(round(time.perf_counter() - t0, 1))
-                rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1], "finished_at_s": list(done)}
-                print(f"[{style} overlapped {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
+                rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1]}
+                print(f"[{name} {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
                       + " ".join(f"{k2} {res.times.get(k2)}" for k2 in PHASES), flush=True)
                 if len(done) % 4 == 0:
                     save()
 
-        results = evaluate_many([(src, cand) for _, src, cand in pairs], cfg, on_result=progress)
-        overlapped_s = time.perf_counter() - t0
-        rec.update(count=len(results), overlapped_s=round(overlapped_s, 1), evals_per_min=_rate(len(results), overlapped_s),
-                   rewards=_summary(results),
+        if one_at_a_time:
+            results = []
+            for i, (src, cand) in enumerate(pairs):
+                results.append(evaluate(src, cand, cfg))
+                progress(i, results[-1])
+        else:
+            results = evaluate_many(pairs, cfg, on_result=progress)
+        wall = time.perf_counter() - t0
+        ext_after = svc.stats.as_dict()
+        rec.update(count=len(results), seconds=round(wall, 1), evals_per_min=_rate(len(results), wall), rewards=_summary(results),
+                   ext_requests=ext_after["requests"] - ext_before["requests"], ext_hits=ext_after["ext_hits"] - ext_before["ext_hits"],
+                   builds=ext_after["builds"] - ext_before["builds"],
+                   **_tu(before, ccache_stats(svc.ccache, svc.cache_dir)),
                    **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in PHASES})
-        print(f"[{style} overlapped] {len(results)} in {overlapped_s:.0f} s: {rec['rewards']}", flush=True)
-        if k == 0:
-            out["evals_per_min"] = rec["evals_per_min"]
+        print(f"[{name}] {len(results)} in {wall:.0f} s = {rec['evals_per_min']}/min: {rec['rewards']}", flush=True)
         save()
+        return rec
 
+    # 2. One at a time (distinct candidates), the old way to use the environment.
+    base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 50_000, style)
+    out["baseline_evals_per_min"] = phase("one_at_a_time", [(s, c) for _, s, c in base_pairs], one_at_a_time=True)["evals_per_min"]
+    # 3. Distinct candidates, overlapped.
+    dist_pairs, _ = make_pairs(device, tasks, args.count, run_salt + 100_000, style)
+    rec = phase("distinct", [(s, c) for _, s, c in dist_pairs])
+    out["evals_per_min"] = rec["evals_per_min"]
+    # 4. GRPO-shaped: group_size completions per task that differ only in their kernel bodies.
+    grp = [(task_srcs[t], group_source(t, m, device)) for t in tasks for m in range(args.group_size)] if device == "cuda" else \
+          [(task_srcs[t], c) for t in tasks for _, _, c in make_pairs(device, [t], args.group_size, run_salt + 200_000, style)[0]]
+    out["group_evals_per_min"] = phase("group", grp)["evals_per_min"]
+    tu_h = sum(out["phases"][p]["tu_hits"] for p in ("distinct", "group"))
+    tu_n = sum(out["phases"][p]["tu_compiles"] for p in ("distinct", "group"))
+    out["cache_hit_rate"] = round(tu_h / tu_n, 3) if tu_n else None  # translation units served by ccache
+    out["ccache"] = ccache_stats(svc.ccache, svc.cache_dir)
     out["complete"] = True
     save()
     print()
-    print(f"{'style':<8}{'mode':<15}{'evals':>7}{'seconds':>10}{'evals/min':>11}")
-    for style, rec in out["by_style"].items():
-        print(f"{style:<8}{'overlapped':<15}{rec['count']:>7}{rec['overlapped_s']:>10}{rec['evals_per_min']:>11}")
-        print(f"{style:<8}{'one-at-a-time':<15}{rec['baseline_count']:>7}{rec['baseline_s']:>10}{rec['baseline_evals_per_min']:>11}")
-        print(f"{style:<8}rewards (overlapped): {rec['rewards']}")
-    print(f"device: {out['device']}; build workers {out['build_workers']}, measure workers {out['measure_workers']}, "
-          f"shared PCH {out['shared_pch']}; wrote {args.out}")
+    print(f"{'phase':<15}{'evals':>7}{'seconds':>10}{'evals/min':>11}{'TU hits':>9}{'ext hits':>10}"
+          f"{'setup_s':>9}{'locked_s':>10}{'prebuild_wall':>14}{'judge_s':>9}")
+    for name, rec in out["phases"].items():
+        print(f"{name:<15}{rec['count']:>7}{rec['seconds']:>10}{rec['evals_per_min']:>11}{rec['tu_hits']:>4}/{rec['tu_compiles']:<4}"
+              f"{rec['ext_hits']:>5}/{rec['ext_requests']:<4}{str(rec['median_setup_s']):>9}{str(rec['median_locked_s']):>10}{str(rec['median_prebuild_wall_s']):>14}{str(rec['median_judge_s']):>9}")
+    print(f"cold first evaluation: {out['cold_first_eval_s']} s; cache hit rate (translation units, distinct+group): {out['cache_hit_rate']}")
+    print(f"device: {out['device']}; isolation {args.isolation}; build workers {out['build_workers']}, measure workers "
+          f"{out['measure_workers']}, ccache {out['ccache_path']}; wrote {args.out}")
 
 
 if __name__ == "__main__":

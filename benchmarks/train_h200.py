@@ -1,13 +1,13 @@
 """Short GRPO runs on the GPU with rewards from real CUDA evaluations.
 
-Two runs, both through `opsynth.rl.trainer.train` (TRL's GRPOTrainer, reward = the reward env):
+Two runs, both through `opsynth.train.trainer.train` (TRL's GRPOTrainer, reward = the reward env):
 
 1. `shards`: the policy (`--policy smoke` or a local model folder) trains a few steps on the
    generated shards given by --shards. With the smoke policy most completions carry no code (it is
    a random model), so this run shows the loop end to end on the GPU: generation, rewards, updates,
    checkpoints. With a real local model, its fenced code is compiled and timed on the GPU.
 2. `bandit`: a one-token policy choosing among three known CUDA `load_inline` candidates (fast,
-   slow, wrong; see opsynth/rl/train_bandit.py). Every completion is compiled, run and timed on the
+   slow, wrong; see opsynth/train/bandit.py). Every completion is compiled, run and timed on the
    GPU by the reward environment, so this run shows rewards from real CUDA evaluations and that
    GRPO raises them.
 
@@ -63,8 +63,8 @@ def _eval_stats(run_dir: str) -> dict:
 
 
 def run_shards(args, out_dir: str) -> dict:
-    from opsynth.rl.policy import PolicyConfig
-    from opsynth.rl.trainer import TrainSettings, train
+    from opsynth.train.policy import PolicyConfig
+    from opsynth.train.trainer import TrainSettings, train
 
     on_gpu = _device() != "cpu"
     settings = TrainSettings(
@@ -87,7 +87,7 @@ def run_shards(args, out_dir: str) -> dict:
 
 
 def run_bandit(args, out_dir: str) -> dict:
-    from opsynth.rl.train_bandit import task_source, train_bandit, write_task_shards
+    from opsynth.train.bandit import task_source, train_bandit, write_task_shards
 
     device = "cuda" if _device() != "cpu" else "cpu"
     # On the GPU the task is made big enough for launch overhead not to hide the kernels' speed.

@@ -4,7 +4,9 @@ that name the offending key instead of a bare TypeError."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def to_plain(node: Any) -> Any:
@@ -16,6 +18,12 @@ def to_plain(node: Any) -> Any:
     except ImportError:
         pass
     return node
+
+
+def close_match(word: str, choices: Iterable[str]) -> str | None:
+    """The choice a misspelled `word` most likely meant (`n_task` -> `n_tasks`), or None."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
 
 
 _SCALARS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
@@ -49,7 +57,9 @@ def build(cls, node: Mapping | None, group: str):
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown {group} setting(s) {unknown}; known: {sorted(known)}")
+        guesses = [g for g in (close_match(k, known) for k in unknown) if g]
+        hint = f" (did you mean {', '.join(repr(g) for g in guesses)}?)" if guesses else ""
+        raise ValueError(f"unknown {group} setting(s) {unknown}{hint}; known: {sorted(known)}")
     values = {k: _check_type(cls, k, v, group) for k, v in values.items()}
     return cls(**values)
 

@@ -24,11 +24,13 @@ missing seeds are regenerated.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -82,6 +84,11 @@ class GenerateConfig:
             raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
         if not self.output_dir:
             raise ValueError("output_dir must be a folder path")
+        blocked = next((p for p in [Path(self.output_dir), *Path(self.output_dir).parents]
+                        if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise ValueError(f"output_dir={self.output_dir}: {blocked} is a file, not a folder; give a new folder "
+                             "or the folder of an earlier run (to resume it)")
         if self.flush_every < 1:
             raise ValueError("flush_every must be >= 1")
         self.sampler.validate()
@@ -145,10 +152,11 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
             from opsynth.catalog import load_catalog
 
             _CTX["catalog"] = load_catalog()
-        if _CTX.get("sampler_key") != key(sampler_cfg):
+        if _CTX.get("sampler_key") != key(sampler_cfg, verify_cfg["device"]):
             from opsynth.graph import Sampler
 
-            _CTX.update(sampler=Sampler(SamplerConfig(**sampler_cfg), _CTX["catalog"]), sampler_key=key(sampler_cfg))
+            _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"]),
+                        sampler_key=key(sampler_cfg, verify_cfg["device"]))
         if _CTX.get("kb_key") != key(dedup_cfg, kb_check):
             from opsynth.dedup import KernelBenchIndex
 
@@ -172,6 +180,17 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 atexit.register(_close_context)
                 _CTX["atexit"] = True
         return _CTX
+
+
+def _worker_sampler_config(sampler_cfg: dict, verify_device: str) -> SamplerConfig:
+    """`sampler.scale=null` is decided here, on the worker, by the device it verifies on: a GPU run
+    launched from a machine without one (a Slurm login node) still draws GPU sizes."""
+    scfg = SamplerConfig(**sampler_cfg)
+    if scfg.scale is None:
+        from opsynth.verify.pool import detect_device
+
+        scfg.scale = 1.0 if detect_device(verify_device) == "cuda" else CPU_SCALE
+    return scfg
 
 
 def _close_context() -> None:
@@ -474,8 +493,19 @@ def _rows_with_ids(output_dir, ids: set[str]) -> list[dict]:
     return [r for r in iter_rows(output_dir, columns=["seed", "task_id"]) if r["task_id"] in ids]
 
 
+def verify_device(cfg: GenerateConfig) -> str:
+    """"cuda" or "cpu": where the verifier runs with these settings (`verify.device=auto` picks the
+    GPU when the driver sees one). It decides `sampler.scale=null` and which runtime band applies."""
+    if cfg.verify.device in ("cpu", "cuda"):
+        return cfg.verify.device
+    from opsynth.cluster import visible_gpus
+
+    return "cuda" if visible_gpus() > 0 else "cpu"
+
+
 def _describe_run(stats, cfg: GenerateConfig) -> None:
-    """Record the settings of this run in its stats (the card and report print them)."""
+    """Record the settings of this run in its stats (the card and report print them). The runtime
+    band and memory cap are those in force on the device that verifies (the CPU band on a CPU run)."""
     from opsynth.shards.stats import default_versions
 
     stats.n_tasks = cfg.n_tasks
@@ -483,12 +513,13 @@ def _describe_run(stats, cfg: GenerateConfig) -> None:
     stats.cluster = cfg.cluster.kind
     stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
                             for k, v in cfg.sampler.mixture.items()}
+    device = verify_device(cfg)
+    limits = cfg.verify.limits(device)
     stats.thresholds = {
-        "eager_ms_min": cfg.verify.min_ms, "eager_ms_max": cfg.verify.max_ms,
-        "cpu_eager_ms_min": cfg.verify.cpu_min_ms, "cpu_eager_ms_max": cfg.verify.cpu_max_ms,
+        "verify_device": device, "eager_ms_min": limits.min_ms, "eager_ms_max": limits.max_ms,
         "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
         "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
-        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": cfg.verify.mem_cap_gb,
+        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": limits.mem_cap_gb,
         "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
         "edge_margin": cfg.verify.edge_margin,
     }
@@ -504,11 +535,6 @@ def run(cfg: GenerateConfig) -> dict:
     from opsynth.catalog import load_catalog
     from opsynth.shards import RunProgress, RunStats, ShardWriter
 
-    if cfg.sampler.scale is None:
-        from opsynth.cluster import visible_gpus
-
-        on_gpu = cfg.verify.device == "cuda" or (cfg.verify.device == "auto" and visible_gpus() > 0)
-        cfg.sampler.scale = 1.0 if on_gpu else CPU_SCALE
     cfg.validate()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -552,6 +578,7 @@ def run(cfg: GenerateConfig) -> dict:
     summary = stats.to_dict()
     summary["files"] = [str(f) for f in files]
     summary["rows"] = total_rows  # in the folder, earlier runs included; < n_tasks when max_candidates stopped it
+    summary["generated"] = not complete  # False: the folder already held n_tasks rows
     summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
                                    if committer.calib_steps else None)
     if cfg.write_card:
@@ -629,7 +656,7 @@ def _repair(cfg: GenerateConfig, out: Path, state: dict, check) -> dict:
         log.warning("%s: the state file has no row ledger; keeping the %d readable rows", out, len(present))
         rewrite_shards(out, present, cfg.rows_per_shard, cfg.row_group_size)
         return {}
-    restored = _regenerate(cfg, check.missing)
+    restored = _regenerate(cfg, out, check.missing)
     lost = [(seed, tid) for seed, tid in check.missing if tid not in restored]
     by_id = {r["task_id"]: r for r in present}
     by_id.update(restored)
@@ -652,12 +679,13 @@ def _repair(cfg: GenerateConfig, out: Path, state: dict, check) -> dict:
     return state
 
 
-def _regenerate(cfg: GenerateConfig, missing: list[tuple[int, str]]) -> dict[str, dict]:
+def _regenerate(cfg: GenerateConfig, out: Path, missing: list[tuple[int, str]]) -> dict[str, dict]:
     """Run the missing seeds' candidates again (on a cluster of their own); task_id -> row for each
     one that gives back the row with the same task_id."""
     if not missing:
         return {}
-    handle = start_cluster(cfg.cluster)
+    with _sigint_ignored_in_children():
+        handle = start_cluster(cfg.cluster, run_dir=out)
     try:
         sampler_cfg, verify_cfg, dedup_cfg = _plain(cfg.sampler), _plain(cfg.verify), _plain(cfg.dedup)
         submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
@@ -686,8 +714,25 @@ def _regenerate(cfg: GenerateConfig, missing: list[tuple[int, str]]) -> dict[str
         handle.close()
 
 
+@contextlib.contextmanager
+def _sigint_ignored_in_children():
+    """Start processes that ignore SIGINT: a Ctrl-C in the terminal goes to the whole process group,
+    and Dask workers (and the verify workers they start) would each print a KeyboardInterrupt
+    traceback. The driver alone handles it: it saves the state and closes the cluster, which stops
+    them. (Processes inherit an ignored SIGINT, and Python then installs no handler for it.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
-    handle = start_cluster(cfg.cluster)
+    with _sigint_ignored_in_children():
+        handle = start_cluster(cfg.cluster, run_dir=out)
     client = handle.client
     max_in_flight = cfg.max_in_flight or 4 * handle.slots
     max_candidates = cfg.max_candidates or 200 * cfg.n_tasks

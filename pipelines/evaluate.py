@@ -11,17 +11,60 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
+
+from opsynth import cli
+
+UsageError = cli.UsageError  # the caller's mistake (a missing file, a task that cannot be read or run): one line, exit 2
+
+
+def _readable(cfg: Any, key: str, what: str) -> Path:
+    value = cfg.get(key)
+    if value in (None, "", "???"):
+        raise UsageError(f"{key}= is required: the path of {what}")
+    path = Path(str(value))
+    if not path.exists():
+        raise UsageError(f"{key}={value}: no such file or folder ({what})")
+    return path
+
+
+def _check_task(task: str, path: Path) -> None:
+    """A task the reward cannot even load is the caller's error, not a reward of -1."""
+    from opsynth.render.task_file import missing_names
+
+    try:
+        compile(task, str(path), "exec")
+    except SyntaxError as e:
+        raise UsageError(f"task={path}: SyntaxError: {e.msg} (line {e.lineno})") from None
+    import ast
+    import types
+
+    names = {n.name for n in ast.parse(task).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    missing = missing_names(types.SimpleNamespace(**dict.fromkeys(names)))
+    if missing:
+        raise UsageError(f"task={path}: not a KernelBench-format task (missing {', '.join(missing)})")
 
 
 def _reward(cfg: Any) -> dict:
-    from opsynth.rl.eval_types import RewardConfig
-    from opsynth.rl.evaluate import evaluate
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.reward.evaluate import RewardSetupError, evaluate
 
-    rcfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
-    task = Path(str(cfg["task"])).read_text()
-    result = evaluate(task, Path(str(cfg["candidate"])), rcfg)
+    try:
+        rcfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"invalid configuration: {e}") from None
+    task_path = _readable(cfg, "task", "a task file in the KernelBench format")
+    cand_path = _readable(cfg, "candidate", "a ModelNew .py file, a workspace folder or a completion")
+    task = task_path.read_text()
+    _check_task(task, task_path)
+    quiet = bool(cfg.get("quiet"))
+    try:
+        result = evaluate(task, cand_path, rcfg, progress=None if quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
+    except RewardSetupError as e:
+        raise UsageError(str(e)) from None
+    if result.reason.startswith("reference_"):  # the task itself failed to run: the caller's problem
+        first = [ln for ln in result.log.strip().splitlines() if ln.strip()][-1:] or [result.reason]
+        raise UsageError(f"task={task_path}: the task does not run ({result.reason}): {first[0][:300]}")
     if cfg.get("show_log"):
         print(result.log, file=sys.stderr)
     out = result.to_dict()
@@ -32,13 +75,13 @@ def _reward(cfg: Any) -> dict:
 MODES = {"reward": _reward}
 
 
-# --- mode=score (training stage, opsynth.rl.score) -------------------------------------------
+# --- mode=score (training stage, opsynth.train.score) -------------------------------------------
 # python -m pipelines.evaluate mode=score +shards=DIR [+split=heldout] (+candidates=DIR | +policy=PATH)
 #     [+heldout_fraction=0.1] [+limit=N] [+out=DIR] [reward.device=...]
 # Prints the KernelBench-style table, then (as every mode) one JSON object: the summary.
 def _score(cfg: Any) -> dict:
-    from opsynth.rl.eval_types import RewardConfig
-    from opsynth.rl.score import score
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.score import score
 
     return score(
         str(cfg["shards"]), split=cfg.get("split", "heldout"), candidates=cfg.get("candidates"),
@@ -64,7 +107,14 @@ def run(cfg: Any) -> dict:
     return out
 
 
-@hydra.main(config_path="../conf", config_name="evaluate", version_base=None)
+def _fields() -> dict:
+    from opsynth.reward.eval_types import RewardConfig
+
+    return {"reward": RewardConfig}
+
+
+@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None},
+           interrupted=lambda cfg: "interrupted: nothing is kept from an unfinished evaluation")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

@@ -9,38 +9,63 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from opsynth.config import generate_config
-from opsynth.pipeline import DatasetFolderError, run
+from opsynth import cli
 
 
-@hydra.main(config_path="../conf", config_name="generate", version_base=None)
+def settings() -> dict:
+    """The dataclasses the settings build (imported on demand: they import torch)."""
+    from opsynth.pipeline import GenerateConfig
+
+    return {"": GenerateConfig}
+
+
+def interrupted(cfg: DictConfig) -> str:
+    """What a Ctrl-C leaves: the rows on disk (every committed row) and how to go on."""
+    from opsynth.shards import count_rows
+
+    try:
+        rows = count_rows(cfg.output_dir)
+    except Exception:  # no folder yet, or a shard being replaced at that instant
+        rows = None
+    kept = f"kept {rows} row(s) in {cfg.output_dir}" if rows is not None else f"kept what {cfg.output_dir} holds"
+    return f"interrupted: {kept}; run the same command again to resume from there"
+
+
+@cli.entry("generate", fields=settings, interrupted=interrupted)
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import distributed  # noqa: F401  (sets its loggers' levels on import: import first, then quiet them)
 
-    for noisy in ("distributed", "tornado", "asyncio"):  # the progress bar says what matters
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    from opsynth.config import generate_config
+    from opsynth.dedup.kernelbench import KernelBenchUnavailable
+    from opsynth.pipeline import run
+    from opsynth.shards.writer import FolderLocked
+
+    cli.quiet_libraries()
     try:
         gen_cfg = generate_config(cfg)
-        copy.deepcopy(gen_cfg).validate()  # on a copy: run() resolves sampler.scale=null by device first
+        copy.deepcopy(gen_cfg).validate()
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
-        print(f"error: invalid configuration: {e}", file=sys.stderr)
-        sys.exit(2)
+        raise cli.UsageError(f"invalid configuration: {e}") from None
+    from opsynth.cluster import ClusterError, ClusterLost
+    from opsynth.pipeline import DatasetFolderError
+
     try:
         summary = run(gen_cfg)
-    except DatasetFolderError as e:  # a damaged output folder: say which file, without a traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except (KernelBenchUnavailable, FolderLocked, ClusterError) as e:  # they name what to change: one line, exit 2
+        raise cli.UsageError(str(e)) from None
+    except DatasetFolderError as e:  # a damaged output folder: which file, and what to do; exit 2
+        raise cli.UsageError(str(e)) from None
+    except ClusterLost as e:  # no worker left mid-run (Slurm): one line, exit 2
+        raise cli.UsageError(str(e)) from None
     keep = ("n_tasks", "accepted", "num_rejected", "acceptance_rate", "candidates_per_minute", "wall_time_s",
             "device", "rejected")
     print(json.dumps({k: summary.get(k) for k in keep}, default=str))
-    print(f"wrote {len(summary['files'])} shard(s) to {cfg.output_dir}", file=sys.stderr)
+    if summary.get("generated", True):  # a finished folder said "nothing to generate" already
+        print(f"wrote {len(summary['files'])} shard(s) to {cfg.output_dir}", file=sys.stderr)
     if summary["rows"] < gen_cfg.n_tasks:  # scripts chaining generate && push must see the shortfall
         print(f"error: only {summary['rows']} of n_tasks={gen_cfg.n_tasks} rows after max_candidates "
               f"candidates; raise max_candidates or look at the rejection reasons in report.json", file=sys.stderr)

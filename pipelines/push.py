@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 
-import hydra
 from omegaconf import DictConfig
 
-from opsynth.shards.push import UploadPlan, plan_upload, push
+from opsynth import cli
+from opsynth.shards.push import PushError, UploadError, UploadPlan, plan_upload, push
 
 log = logging.getLogger(__name__)
+
+REQUIRED = {"output_dir": "add output_dir=<the folder pipelines.generate wrote>, e.g. output_dir=data/my_run",
+            "repo_id": "add repo_id=<user or org>/<name> of the Hub dataset repo, e.g. repo_id=you/opsynth-ops"}
 
 
 def run(cfg: DictConfig) -> UploadPlan:
@@ -33,9 +36,14 @@ def run(cfg: DictConfig) -> UploadPlan:
     return plan
 
 
-@hydra.main(config_path="../conf", config_name="push", version_base=None)
+@cli.entry("push", required=REQUIRED)
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    try:
+        run(cfg)
+    except UploadError as e:  # the Hub refused or the network failed: not the caller's setting
+        cli.fail(str(e), code=1)
+    except PushError as e:  # no token, no such folder, an unfinished run, a bad repo_id
+        raise cli.UsageError(str(e)) from None
 
 
 if __name__ == "__main__":

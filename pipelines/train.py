@@ -1,6 +1,6 @@
 """`python -m pipelines.train`: GRPO on opsynth shards, rewarded by the reward environment.
 
-Thin Hydra entry point: conf/train.yaml (groups policy/ and trainer/) -> `opsynth.rl.trainer.train`.
+Thin Hydra entry point: conf/train.yaml (groups policy/ and trainer/) -> `opsynth.train.trainer.train`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """Train with plain values taken from the config; returns the run summary."""
-    from opsynth.rl.trainer import TrainSettings, train
+    from opsynth.train.trainer import TrainSettings, train
 
     values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     values.pop("hydra", None)

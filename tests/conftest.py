@@ -1,4 +1,4 @@
-"""Shared test settings: where the reference data lives, and GPU skipping."""
+"""Shared test settings: where the reference data lives, and GPU and Slurm skipping."""
 
 from __future__ import annotations
 
@@ -41,7 +41,23 @@ def _has_cuda() -> bool:
         return False
 
 
+def _slurm_answers() -> bool:
+    """A Slurm controller answers `sinfo` (.ci/slurm_up.sh starts a single-node one)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=15).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def pytest_collection_modifyitems(config, items):
+    if any("slurm" in item.keywords for item in items) and not _slurm_answers():
+        skip_slurm = pytest.mark.skip(
+            reason="needs a Slurm cluster: `sinfo` does not answer (bash .ci/slurm_up.sh starts one)")
+        for item in items:
+            if "slurm" in item.keywords:
+                item.add_marker(skip_slurm)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")
@@ -50,11 +66,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def in_ci() -> bool:
+    """CI=true (GitHub Actions, GitLab and most runners set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
 @pytest.fixture(scope="session")
 def kernelbench_parquet() -> Path:
+    """The KernelBench reference. Missing on a developer's machine: the tests that need it skip.
+    Missing in CI: an error, since a CI run that skips decontamination proves nothing about it."""
     if not KERNELBENCH_PARQUET.exists():
-        pytest.skip(
-            f"KernelBench reference not found at {KERNELBENCH_PARQUET}; "
-            "set OPSYNTH_KERNELBENCH to the kernelbench.parquet path"
-        )
+        msg = (f"KernelBench reference not found at {KERNELBENCH_PARQUET}; "
+               "set OPSYNTH_KERNELBENCH to the kernelbench.parquet path")
+        if in_ci():
+            pytest.fail(f"CI=true: {msg}", pytrace=False)
+        pytest.skip(msg)
     return KERNELBENCH_PARQUET

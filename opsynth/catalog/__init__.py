@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -44,6 +45,24 @@ def load_catalog(include_transformers: bool | None = None, use_cache: bool = Tru
     return cat
 
 
+@contextlib.contextmanager
+def _transformers_quiet():
+    """Probing builds modules standalone, which transformers warns about through its own logger
+    (xIELU's missing CUDA kernel, AttentionInterface without `_attn_implementation`, OPTAttention
+    without `layer_idx`): expected here, and nothing a user of the catalog can act on."""
+    try:
+        from transformers.utils import logging as tf_logging
+    except Exception:
+        yield
+        return
+    level = tf_logging.get_verbosity()
+    tf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        tf_logging.set_verbosity(level)
+
+
 def mine_catalog(include_transformers: bool) -> Catalog:
     """Discover and probe every candidate operator (tens of seconds)."""
     import torch
@@ -54,7 +73,7 @@ def mine_catalog(include_transformers: bool) -> Catalog:
     excluded: dict[str, str] = {}
     ops = {}
     activations = activation_names()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _transformers_quiet():
         warnings.simplefilter("ignore")
         for spec in mine_modules(excluded) + mine_functions(excluded):
             kept = finalize(spec, excluded, activations)

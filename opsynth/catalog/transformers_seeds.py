@@ -16,7 +16,6 @@ import warnings
 import torch
 
 from .call import apply, is_float_tensor
-from .params import ParamContext, fill_params
 from .spec import OpSpec
 
 FAMILIES = ("llama", "qwen2", "mistral", "gemma", "t5", "gpt2", "bert", "phi3", "opt", "gpt_neox")
@@ -43,6 +42,11 @@ def mine_transformers(excluded: dict) -> list[OpSpec]:
     for key, cls in sorted(acts.ACT2CLS.items()):
         cls = cls[0] if isinstance(cls, tuple) else cls
         name = f"transformers.{cls.__name__}"
+        if not cls.__module__.startswith("transformers."):
+            # ACT2CLS also maps names to torch's own classes ("relu" -> nn.ReLU): such a task is a
+            # torch task (its code says nn.ReLU), already covered by the torch seed of that name.
+            excluded[name] = f"torch's {cls.__module__}.{cls.__name__}, not a transformers module"
+            continue
         if any(s.name == name for s in specs):
             continue
         specs.append(OpSpec(name=name, kind="module", import_path=f"{cls.__module__}.{cls.__name__}",

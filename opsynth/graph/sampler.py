@@ -7,6 +7,7 @@ same catalog.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import warnings
 from collections import Counter
@@ -60,8 +61,8 @@ class SamplingError(RuntimeError):
 @dataclass
 class SamplerConfig:
     mixture: dict = field(default_factory=lambda: dict(OPS6K_MIXTURE))
-    # Multiplies every drawn size (a small value gives CPU-sized tasks). None: 1.0; the generate
-    # pipeline resolves None by device (1.0 on a GPU, CPU_SCALE on CPU).
+    # Multiplies every drawn size (a small value gives CPU-sized tasks). None: 1.0 here; the generate
+    # pipeline resolves None on each worker by the device it verifies on (1.0 on a GPU, CPU_SCALE on CPU).
     scale: float | None = 1.0
     extra_edges: bool = False  # allow residual adds (an earlier tensor) and second inputs as operands
     p_extra_edge: float = 0.3
@@ -77,9 +78,7 @@ class SamplerConfig:
             raise ValueError(f"sampler.mixture has unknown keys {sorted(bad)}; allowed: {sorted(keys)}")
         if any(float(v) < 0 for v in self.mixture.values()) or sum(map(float, self.mixture.values())) <= 0:
             raise ValueError("sampler.mixture weights must be >= 0 and not all zero")
-        if self.scale is None:
-            self.scale = 1.0
-        if not (0 < self.scale <= 64):
+        if self.scale is not None and not (0 < self.scale <= 64):
             raise ValueError(f"sampler.scale must be in (0, 64], got {self.scale}")
         if not (0 <= self.p_extra_edge <= 1):
             raise ValueError(f"sampler.p_extra_edge must be in [0, 1], got {self.p_extra_edge}")
@@ -100,6 +99,8 @@ class Sampler:
 
         self.cfg = cfg or SamplerConfig()
         self.cfg.validate()
+        if self.cfg.scale is None:
+            self.cfg = dataclasses.replace(self.cfg, scale=1.0)
         self.catalog = catalog if catalog is not None else load_catalog()
         self.rejections: Counter = Counter()
         self._shape_cache: dict = {}

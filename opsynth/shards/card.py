@@ -205,7 +205,11 @@ def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name:
     ))
     out += ["", "## Filters and thresholds", ""]
     if th:
-        out.append(_table(["filter", "threshold"], [[f"`{k}`", f"`{v}`"] for k, v in th.items()]))
+        shown = {k: v for k, v in th.items() if k != "verify_device"}
+        if th.get("verify_device"):  # the band and memory cap are the ones of the device that verified
+            out.append(f"The runtime band and memory cap below are those in force on `{th['verify_device']}`, "
+                       "where this run verified its tasks.\n")
+        out.append(_table(["filter", "threshold"], [[f"`{k}`", f"`{v}`"] for k, v in shown.items()]))
     else:
         out.append("No thresholds were recorded for this run.")
     out += _checks_section(stats)

@@ -45,6 +45,10 @@ class PushError(RuntimeError):
     """The folder cannot be pushed (nothing to push, stale card, no token) or the Hub refused it."""
 
 
+class UploadError(PushError):
+    """The Hub (or the network) refused an upload that was fine to try."""
+
+
 @dataclass(frozen=True)
 class UploadPlan:
     """Exactly what an upload sends: files (path in repo, bytes), where, and in how many commits."""
@@ -130,7 +134,8 @@ def plan_upload(
         raise PushError(f"repo_id must be '<user or org>/<name>', got {repo_id!r}")
     root = Path(output_dir)
     if not root.is_dir():
-        raise PushError(f"output_dir {root} does not exist")
+        what = "is a file, not a dataset folder" if root.exists() else "does not exist"
+        raise PushError(f"output_dir {root} {what}; give the folder pipelines.generate wrote")
     try:
         shards = list_shards(root)
     except ValueError as e:
@@ -184,6 +189,6 @@ def push(plan: UploadPlan, *, api: Any = None) -> Any:
             revision=plan.revision,
         )
     except Exception as e:  # Hub/HTTP errors: re-raise without the chained original, token scrubbed
-        raise PushError(f"upload to {plan.repo_id} failed: {type(e).__name__}: {_redact(str(e), token)}") from None
+        raise UploadError(f"upload to {plan.repo_id} failed: {type(e).__name__}: {_redact(str(e), token)}") from None
     log.info("uploaded %d files to %s (%s)", len(plan.files), plan.repo_id, getattr(info, "commit_url", info))
     return info

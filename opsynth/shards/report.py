@@ -118,9 +118,37 @@ def _log_bins(values: np.ndarray, n: int = 40) -> np.ndarray:
     return np.geomspace(lo, hi, n + 1)
 
 
-def _vline(ax, x: Any, label: str) -> None:
+def _vline(ax, x: Any, label: str | None) -> None:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         ax.axvline(float(x), color="black", linestyle="--", linewidth=1, label=label)
+
+
+def _count_axis(axis) -> None:
+    """Whole numbers only on an axis that counts tasks (no half-task ticks)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+# Tick values tried on a log axis, finest last: a narrow range (speedups of 0.8-1.5) would
+# otherwise get matplotlib's default of one or two labelled decades.
+_LOG_STEPS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0), (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0))
+
+
+def _log_axis(axis, lo: float, hi: float, min_ticks: int = 4) -> None:
+    """Labelled ticks at round values (1, 2, 5, ... or finer) covering [lo, hi] on a log axis."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    lo, hi = float(lo), float(hi)
+    ticks: list[float] = []
+    for steps in _LOG_STEPS:
+        decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+        ticks = [s * 10.0 ** d for d in decades for s in steps if lo <= s * 10.0 ** d <= hi]
+        if len(ticks) >= min_ticks:
+            break
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _plot_mixture(mix: dict[str, dict[str, Any]], path: Path) -> None:
@@ -137,6 +165,7 @@ def _plot_mixture(mix: dict[str, dict[str, Any]], path: Path) -> None:
         ax.legend()
     ax.set_title("Operator-count mixture: achieved vs target")
     fig.savefig(path)
+    return fig
 
 
 def _plot_barh(counts: Mapping[str, int], title: str, xlabel: str, what: str, path: Path) -> None:
@@ -147,12 +176,16 @@ def _plot_barh(counts: Mapping[str, int], title: str, xlabel: str, what: str, pa
     else:
         names = [k for k, _ in items][::-1]
         ax.barh(names, [v for _, v in items][::-1])
+        _count_axis(ax.xaxis)
         ax.set_xlabel(xlabel)
     ax.set_title(title)
     fig.savefig(path)
+    return fig
 
 
-def _plot_runtimes(eager: np.ndarray, compiled: np.ndarray, th: Mapping[str, Any], path: Path) -> None:
+def _plot_runtimes(eager: np.ndarray, compiled: np.ndarray, th: Mapping[str, Any], path: Path):
+    """Histogram of eager and compiled runtimes with the eager band that was in force (the CPU band
+    on a CPU run: `th` holds the band of the device that verified)."""
     fig, ax = _figure()
     both = np.concatenate([eager, compiled])
     both = both[both > 0]
@@ -163,17 +196,20 @@ def _plot_runtimes(eager: np.ndarray, compiled: np.ndarray, th: Mapping[str, Any
         ax.hist(eager[eager > 0], bins=bins, alpha=0.6, label="eager")
         ax.hist(compiled[compiled > 0], bins=bins, alpha=0.6, label="torch.compile")
         ax.set_xscale("log")
-        _vline(ax, th.get("eager_ms_min"), "eager band")
-        if isinstance(th.get("eager_ms_max"), (int, float)):
-            ax.axvline(float(th["eager_ms_max"]), color="black", linestyle="--", linewidth=1)
+        device = th.get("verify_device")
+        _vline(ax, th.get("eager_ms_min"), f"eager band ({device})" if device else "eager band")
+        _vline(ax, th.get("eager_ms_max"), None)
+        _log_axis(ax.xaxis, *ax.get_xlim())
+        _count_axis(ax.yaxis)
         ax.set_xlabel("median runtime (ms)")
         ax.set_ylabel("tasks")
         ax.legend()
     ax.set_title("Runtimes")
     fig.savefig(path)
+    return fig
 
 
-def _plot_speedup(speedup: np.ndarray, path: Path) -> None:
+def _plot_speedup(speedup: np.ndarray, path: Path):
     fig, ax = _figure()
     s = speedup[speedup > 0]
     if s.size == 0:
@@ -182,11 +218,16 @@ def _plot_speedup(speedup: np.ndarray, path: Path) -> None:
         ax.hist(s, bins=_log_bins(s))
         ax.set_xscale("log")
         _vline(ax, 1.0, "no speedup")
+        lo, hi = ax.get_xlim()
+        _log_axis(ax.xaxis, min(lo, 0.95), max(hi, 1.05))
+        ax.set_xlim(min(lo, 0.95), max(hi, 1.05))
+        _count_axis(ax.yaxis)
         ax.set_xlabel("eager_ms / compile_ms")
         ax.set_ylabel("tasks")
         ax.legend()
     ax.set_title("torch.compile speedup over eager")
     fig.savefig(path)
+    return fig
 
 
 def _plot_similarity(sim: np.ndarray, th: Mapping[str, Any], path: Path) -> None:
@@ -195,6 +236,7 @@ def _plot_similarity(sim: np.ndarray, th: Mapping[str, Any], path: Path) -> None
         _empty(ax, "KernelBench similarities")
     else:
         ax.hist(sim, bins=np.linspace(0.0, 1.0, 41))
+        _count_axis(ax.yaxis)
         _vline(ax, th.get("kb_similarity_max"), "rejection threshold")
         ax.set_xlabel("max AST similarity to a KernelBench problem")
         ax.set_ylabel("tasks")
@@ -203,6 +245,7 @@ def _plot_similarity(sim: np.ndarray, th: Mapping[str, Any], path: Path) -> None
             ax.legend()
     ax.set_title("KernelBench similarity of accepted tasks")
     fig.savefig(path)
+    return fig
 
 
 def _column(rows: list[Mapping[str, Any]], name: str) -> np.ndarray:

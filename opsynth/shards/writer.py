@@ -153,6 +153,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class FolderLocked(RuntimeError):
+    """Another writer (another run) holds the output folder's lock."""
+
+
 class _FolderLock:
     """An exclusive advisory lock on the output folder, so two writers never interleave shards.
 
@@ -174,7 +178,8 @@ class _FolderLock:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             fh.close()
-            raise RuntimeError(f"{self.path.parent} is being written by another ShardWriter (lock {self.path})") from None
+            raise FolderLocked(f"{self.path.parent} is being written by another run (another ShardWriter holds "
+                               f"{self.path}); wait for it to finish or choose another output_dir") from None
         self._fh = fh
 
     def release(self) -> None:

@@ -1,12 +1,10 @@
-"""Timing calibration (``VerifyConfig.calibrate``, off by default): move a task's eager runtime
-into the band by rescaling ``batch_size`` from measured runtimes.
+"""Runtime calibration: move a task's eager runtime into the band by rescaling ``batch_size``.
 
-Sizes found this way follow the noise of the timings they were read from, so rows made with it are
-not reproducible; the generate pipeline sizes tasks before verification with the cost model
-(:mod:`opsynth.verify.sizing`) instead. This remains for sources without an op graph (a
-KernelBench problem, a hand-written task). The resize rule itself is the task contract's
-(:mod:`opsynth.render.contract`): runtime is close to linear in ``batch_size`` once the task fills
-the device, and weights do not change with it.
+The task contract (docs/INTERFACES.md) makes ``batch_size`` the leading dimension of every input
+and keeps it out of ``get_init_inputs()``, so runtime is close to linear in it once the task is
+large enough to fill the device, and weights do not change with it. Calibration therefore only
+rewrites that one module-level constant, located with ``ast`` and spliced into the original text
+so the rest of the file (formatting, comments) is untouched.
 """
 
 from __future__ import annotations
@@ -15,11 +13,9 @@ import hashlib
 import math
 import random
 
-from opsynth.render.contract import read_batch_size, set_batch_size
+from opsynth.render.task_file import read_batch_size, set_batch_size  # noqa: F401 - re-exported
 
 from .config import VerifyConfig
-
-__all__ = ["draw_target_ms", "next_batch_size", "read_batch_size", "set_batch_size"]
 
 
 def draw_target_ms(source: str, cfg: VerifyConfig, min_ms: float, max_ms: float) -> float:

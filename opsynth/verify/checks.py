@@ -63,17 +63,19 @@ def classify(exc: BaseException, default: str) -> Reject:
 
 
 def load_task(source: str) -> types.ModuleType:
-    """The task as a module (the task contract's loader), with what goes wrong named."""
-    from opsynth.render.contract import MissingDefinitions, load_task_module
+    """Execute the task as a registered module (the task contract's loader), classifying failures."""
+    from opsynth.render.task_file import load_task_module, missing_names
 
     try:
-        return load_task_module(source, TASK_MODULE)
+        mod = load_task_module(source, TASK_MODULE, register=True)
     except SyntaxError as exc:
         raise Reject("syntax_error", f"{exc.msg} (line {exc.lineno})") from None
-    except MissingDefinitions as exc:
-        raise Reject("missing_definitions", str(exc)) from None
     except BaseException as exc:  # noqa: BLE001 - untrusted code: anything may come out
         raise classify(exc, "load_error") from None
+    missing = missing_names(mod)
+    if missing:
+        raise Reject("missing_definitions", f"missing {', '.join(missing)}")
+    return mod
 
 
 def seed_all(seed: int) -> None:

@@ -53,13 +53,23 @@ class WorkerGone(Exception):
         self.evidence = {"message": message, **evidence}
 
 
-def _detect_device(requested: str) -> str:
+def detect_device(requested: str) -> str:
+    """"cuda" or "cpu": what `requested` ("auto", "cpu", "cuda[:N]") means in this process."""
     if requested != "auto":
         return "cuda" if requested.startswith("cuda") else "cpu"
     if "torch" in sys.modules:
         return "cuda" if sys.modules["torch"].cuda.is_available() else "cpu"
     gpus = Path("/proc/driver/nvidia/gpus")
     return "cuda" if gpus.is_dir() and any(gpus.iterdir()) else "cpu"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: a Slurm job (or taskset) gets fewer than the node has, and
+    sizing thread pools by the node's count would oversubscribe the job's share."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -245,8 +255,8 @@ class WorkerPool:
 
     def __init__(self, cfg: VerifyConfig | None = None):
         self.cfg = cfg or VerifyConfig()
-        self.device = _detect_device(self.cfg.device)
-        n = self.cfg.n_workers or ((os.cpu_count() or 1) if self.device == "cpu" else 8)
+        self.device = detect_device(self.cfg.device)
+        n = self.cfg.n_workers or (usable_cpus() if self.device == "cpu" else 8)
         self.n_workers = max(1, n)
         self.limits = self.cfg.limits(self.device)
         self.device_name: str | None = None
@@ -267,7 +277,7 @@ class WorkerPool:
         env["MALLOC_ARENA_MAX"] = "2"  # fewer glibc arenas: less virtual memory under RLIMIT_AS
         env["PYTHONFAULTHANDLER"] = "1"
         if self.device == "cpu":
-            threads = self.cfg.cpu_threads_per_worker or max(1, (os.cpu_count() or 1) // self.n_workers)
+            threads = self.cfg.cpu_threads_per_worker or max(1, usable_cpus() // self.n_workers)
             for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPSYNTH_VERIFY_THREADS"):
                 env[k] = str(threads)
         elif self.cfg.cuda_devices:

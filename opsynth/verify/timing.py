@@ -29,6 +29,25 @@ def lock_path(device_key: str, lock_dir: str | None = None) -> str:
     return os.path.join(base, f"opsynth-verify-timing-{device_key}.lock")
 
 
+def gpu_key(index: int = 0) -> str:
+    """The physical GPU behind visible CUDA device ``index``: its entry in ``CUDA_VISIBLE_DEVICES``
+    (an index or a UUID) when that is set, else the index itself. Read without initialising CUDA."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if 0 <= index < len(entries):
+            return entries[index]
+    return str(index)
+
+
+def device_lock_path(device: str, index: int = 0, lock_dir: str | None = None) -> str:
+    """The one lock file of a device, shared by the verifier and the reward environment: one per
+    physical GPU (two GPUs never share a lock, whatever each process's CUDA_VISIBLE_DEVICES), one for
+    the CPU."""
+    key = "cpu" if device == "cpu" else f"cuda{gpu_key(index)}"
+    return lock_path(key, lock_dir)
+
+
 @contextmanager
 def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
               on_acquired: Callable[[], None] | None = None) -> Iterator[None]:
@@ -38,7 +57,10 @@ def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
     if path is None:
         yield
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # a sandboxed reader sees the lock on a read-only mount: flock needs no write access
+        fd = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from . import protocol
 from .config import VerifyConfig
-from .timing import cpu_clock, file_lock, lock_path, median_ms
+from .timing import cpu_clock, device_lock_path, file_lock, median_ms
 
 # Reasons after which the worker's state cannot be trusted (a poisoned CUDA context, a task that
 # meant to exit, a verifier bug): the parent replaces the worker. A failed allocation leaves the
@@ -119,14 +119,11 @@ class Worker:
             frac = min(0.95, self.limits.mem_limit_gb * 2**30 / total)
             torch.cuda.set_per_process_memory_fraction(frac)
             self.device_name = torch.cuda.get_device_name(0)
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-            key = f"cuda{visible}"
         else:
             threads = cfg.cpu_threads_per_worker or int(os.environ.get("OPSYNTH_VERIFY_THREADS", "1"))
             torch.set_num_threads(max(1, threads))
             self.device_name = "cpu"
-            key = "cpu"
-        self.lock_file = lock_path(key, cfg.lock_dir) if cfg.serialize_timing else None
+        self.lock_file = device_lock_path(self.device, 0, cfg.lock_dir) if cfg.serialize_timing else None
         self._lock_depth = 0
         if cfg.preload_compiler:  # once per worker, rather than inside the first task's timeout
             import torch._dynamo  # noqa: F401

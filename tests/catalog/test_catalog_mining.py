@@ -67,3 +67,16 @@ def test_cli_text_lists_categories():
     out = subprocess.run([sys.executable, "-m", "opsynth.catalog", "--no-transformers"], capture_output=True,
                          text=True, check=True, timeout=300)
     assert "convolution (" in out.stdout and "operators in" in out.stdout
+
+
+def test_cli_excluded_lists_every_left_out_candidate_with_its_reason(catalog):
+    """README: `python -m opsynth.catalog --excluded` also lists the mined candidates left out, and why."""
+    run = [sys.executable, "-m", "opsynth.catalog"]
+    full = subprocess.run(run + ["--excluded"], capture_output=True, text=True, check=True, timeout=300).stdout
+    plain = subprocess.run(run, capture_output=True, text=True, check=True, timeout=300).stdout
+    _, _, listed = full.partition(f"{len(catalog.excluded)} candidates excluded (listed below)\n")
+    assert listed, full[-2000:]
+    rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in listed.splitlines() if ln.strip()}
+    assert rows == catalog.excluded
+    assert "(--excluded lists them)" in plain
+    assert not any(f"  {name} " in plain for name in catalog.excluded)

@@ -282,12 +282,10 @@ def test_hydra_group_composes_into_the_dataclass(choice, monkeypatch):
 
 def test_sampled_tasks_are_not_rejected_wholesale(index):
     """The full distribution over 2,000 tasks is in benchmarks/results/dedup_throughput.json."""
-    try:
-        from opsynth.catalog import load_catalog
-        from opsynth.graph import Sampler, SamplerConfig
-        from opsynth.render import render_task
-    except ImportError as e:  # pragma: no cover - the sampler is part of the package
-        pytest.skip(f"sampler not importable: {e}")
+    from opsynth.catalog import load_catalog
+    from opsynth.graph import Sampler, SamplerConfig
+    from opsynth.render import render_task
+
     sampler = Sampler(SamplerConfig(), load_catalog())
     matches = [index.check(render_task(sampler.sample(seed).graph)) for seed in range(150)]
     rejected = [m for m in matches if m.rejected]

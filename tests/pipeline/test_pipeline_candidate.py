@@ -69,13 +69,18 @@ def test_input_shapes_match_what_get_inputs_makes(accepted):
     assert json.loads(accepted["row"]["input_shapes"]) == json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_kernelbench_rejection_names_the_check_and_the_nearest_problem(cfgs):
+def test_a_kernelbench_rejection_names_the_check_and_the_nearest_problem(cfgs, accepted):
+    """The threshold is set just below and just above this task's own similarity: only the first
+    rejects, and the rejection reports the similarity and nearest problem the accepted row carries."""
     sampler, verify, dedup = cfgs
-    strict = {**dedup, "kb_threshold": 0.0}  # everything is "too similar" to something
-    rec = pipeline.process_candidate(0, SEED, sampler, verify, strict, True)
+    sim, nearest = accepted["row"]["kb_max_similarity"], accepted["row"]["kb_nearest"]
+    assert 0.05 < sim < 0.9, "the probe needs room below the similarity"
+    rec = pipeline.process_candidate(0, SEED, sampler, verify, {**dedup, "kb_threshold": sim - 0.01}, True)
     assert rec["accepted"] is False and rec["row"] is None
-    assert rec["reason"] in ("kb_similarity", "kb_op_sequence")
-    assert rec["evidence"]["nearest"] and rec["evidence"]["similarity"] >= 0.0
+    assert rec["reason"] == "kb_similarity"
+    assert rec["evidence"]["similarity"] == pytest.approx(sim) and rec["evidence"]["nearest"] == nearest
+    passed = pipeline.process_candidate(0, SEED, sampler, verify, {**dedup, "kb_threshold": sim + 0.01}, True)
+    assert passed["accepted"] is True and passed["row"]["kb_max_similarity"] == pytest.approx(sim)
 
 
 def test_a_sampling_failure_is_a_record_not_an_exception(cfgs):
@@ -103,6 +108,30 @@ def test_a_verifier_rejection_is_a_record_with_a_named_reason(cfgs):
     assert rec["accepted"] is False and rec["row"] is None
     assert rec["reason"] == "too_fast" and rec["reason"] in REASONS
     assert rec["evidence"]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="CPython 3.13 fixed the race; the pipeline leaves ast alone")
+def test_every_candidate_takes_the_ast_parse_lock(cfgs, accepted):
+    """The pipeline itself (not the test) installs the lock: `_context`, which every candidate
+    calls first, wraps `ast.parse`, and the wrapper waits for the pipeline's lock."""
+    import ast
+
+    sampler, verify, dedup = cfgs
+    wrapped = ast.parse
+    original = getattr(ast.parse, "__wrapped__", ast.parse)
+    ast.parse = original
+    try:
+        pipeline._context(sampler, verify, dedup, True)  # same settings as `accepted`: nothing rebuilds
+        assert ast.parse is not original and getattr(ast.parse, "_opsynth_serialized", False)
+        done = threading.Event()
+        with pipeline._AST_LOCK:
+            t = threading.Thread(target=lambda: (ast.parse("x = 1"), done.set()))
+            t.start()
+            assert not done.wait(0.5), "ast.parse ran while the pipeline's lock was held"
+        assert done.wait(10)
+        t.join()
+    finally:
+        ast.parse = wrapped
 
 
 def test_ast_parse_is_safe_in_candidate_threads():

@@ -24,7 +24,7 @@ def _compose(*overrides: str):
 
 
 def test_the_groups_the_readme_names_exist():
-    assert set(GROUPS["cluster"]) >= {"local", "local_cuda", "slurm", "scheduler"}
+    assert set(GROUPS["cluster"]) >= {"local", "local_cuda", "slurm", "slurm_gpu", "scheduler"}
     assert set(GROUPS["verify"]) >= {"auto", "cpu", "cuda"}
     assert set(GROUPS["sampler"]) >= {"ops6k", "small"}
     assert set(GROUPS["dedup"]) >= {"offline", "default"}
@@ -37,7 +37,7 @@ def test_every_combination_of_shipped_groups_builds_a_valid_config(cluster, veri
     cfg = generate_config(_compose(f"cluster={cluster}", f"verify={verify}", f"sampler={sampler}",
                                    f"dedup={dedup}", *extra))
     assert isinstance(cfg, GenerateConfig)
-    assert cfg.cluster.kind == cluster
+    assert cfg.cluster.kind == {"slurm_gpu": "slurm"}.get(cluster, cluster)
     cfg.validate()
 
 
@@ -103,3 +103,16 @@ def test_cli_config_errors_are_one_clear_line(tmp_path, kernelbench):
         for n in names:
             assert n in line, (name, line)
         assert not (tmp_path / name / "data").exists(), "nothing is written for a bad config"
+
+
+@pytest.mark.parametrize("device,band", [("cpu", (0.05, 100.0, 4.0)), ("cuda", (1.0, 100.0, 24.0))])
+def test_the_run_records_the_band_of_the_device_that_verifies(device, band):
+    """A CPU run's card and runtimes plot must not show the GPU's 1 ms floor (nor both bands)."""
+    from opsynth.pipeline import _describe_run
+    from opsynth.shards import RunStats
+
+    stats = RunStats()
+    _describe_run(stats, generate_config(_compose(f"verify={device}")))
+    th = stats.thresholds
+    assert (th["verify_device"], th["eager_ms_min"], th["eager_ms_max"], th["mem_cap_gb"]) == (device, *band)
+    assert not any(k.startswith("cpu_") for k in th)

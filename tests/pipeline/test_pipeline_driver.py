@@ -70,7 +70,7 @@ def fake(monkeypatch, tasks, tmp_path):
                       "kb_nearest": None, "seed": seed}
         return rec
 
-    def start_cluster(cfg):
+    def start_cluster(cfg, run_dir=None):
         from distributed import Client, LocalCluster
 
         cluster = LocalCluster(n_workers=1, threads_per_worker=4, processes=False, dashboard_address=None)
@@ -194,3 +194,109 @@ def test_a_candidate_that_kills_its_dask_worker_twice_is_rejected_and_the_run_go
     assert summary["rejected"].get("killed_worker", 0) >= 1
     assert set(summary["rejected"]) <= {"too_fast", "killed_worker"}
     assert sum(summary["rejected"].values()) == 3 and summary["candidates"] == 3
+
+
+@pytest.mark.parametrize("gpus,scale,band_min", [(0, 0.1, 0.05), (1, 1.0, 1.0)])
+def test_sampler_scale_null_is_resolved_by_the_device_that_verifies(tmp_path, fake, monkeypatch, gpus, scale, band_min):
+    """README: `sampler.scale=null` means 1.0 on a GPU, 0.1 on a CPU (verify=auto, the default).
+    What reaches the candidates is checked, and the band the run records for its card."""
+    import opsynth.cluster
+
+    monkeypatch.setattr(opsynth.cluster, "visible_gpus", lambda: gpus)
+    seen = tmp_path / "scales.txt"
+    inner = pipeline.process_candidate
+
+    def spy(index, seed, sampler_cfg, *args, **kw):
+        with open(seen, "a") as f:
+            f.write(f"{sampler_cfg['scale']}\n")
+        return inner(index, seed, sampler_cfg, *args, **kw)
+
+    monkeypatch.setattr(pipeline, "process_candidate", spy)
+    cfg = _cfg(tmp_path / "ds", 2)
+    cfg.sampler.scale = None
+    assert cfg.verify.device == "auto"
+    summary = _run_with_deadline(cfg)
+    assert {float(x) for x in seen.read_text().split()} == {scale}
+    assert summary["thresholds"]["eager_ms_min"] == band_min
+
+
+def test_flush_every_above_one_writes_shards_and_state_every_that_many_rows(tmp_path, fake, monkeypatch):
+    """README: `flush_every` N writes the shards and the resume state at least every N accepted rows
+    (and not at every row: a flush rewrites the open shard)."""
+    saves = []
+    save = pipeline._save_state
+
+    def record(out, state):
+        from opsynth.shards import count_rows
+
+        saves.append((state["stats"]["accepted"], count_rows(out), state.get("finished", False)))
+        save(out, state)
+
+    monkeypatch.setattr(pipeline, "_save_state", record)
+    cfg = _cfg(tmp_path / "ds", 7)
+    cfg.flush_every = 3
+    _run_with_deadline(cfg)
+    during = [(accepted, on_disk) for accepted, on_disk, finished in saves if not finished]
+    # at 3 and 6 rows, then at the end of the loop (7); every save has the rows it counts on disk
+    assert [a for a, _ in during] == [3, 6, 7], saves
+    assert all(accepted == on_disk for accepted, on_disk in during), saves
+    assert saves[-1] == (7, 7, True)
+
+
+def test_cluster_scheduler_runs_on_an_existing_dask_cluster_and_leaves_it_running(tmp_path, tasks):
+    """README: `cluster=scheduler cluster.address=tcp://host:8786` uses a cluster someone else
+    started. Here a real Dask scheduler with one worker process is started by the test; the run
+    must connect to it, do its candidates on that worker, and leave the cluster up when done."""
+    from distributed import Client, LocalCluster
+
+    log = tmp_path / "calls.txt"
+    plain = {i: {k: t[k] for k in ("code", "task_id", "signature", "ops", "graph")} | {
+        "data_source": t["st"].data_source, "num_ops": t["st"].num_ops} for i, t in tasks.items()}
+
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):  # nested: pickled by value
+        import os
+
+        with open(log, "a") as f:
+            f.write(f"{index} {os.getpid()}\n")
+        t = plain[index]
+        row = {"code": t["code"], "ops": t["ops"], "data_source": t["data_source"], "task_id": t["task_id"],
+               "num_ops": t["num_ops"], "graph": t["graph"], "input_shapes": "[]", "eager_ms": 1.0,
+               "compile_ms": 1.0, "device": "cpu", "torch_version": "test", "kb_max_similarity": None,
+               "kb_nearest": None, "seed": seed}
+        return {"index": index, "seed": seed, "accepted": True, "reason": None, "row": row,
+                "signature": t["signature"], "evidence": None}
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as external, \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "process_candidate", process)
+        with Client(external) as probe:
+            worker_pids = set(probe.run(os.getpid).values())
+        cfg = _cfg(tmp_path / "ds", 3)
+        cfg.cluster.kind, cfg.cluster.address = "scheduler", external.scheduler_address
+        cfg.validate()
+        summary = _run_with_deadline(cfg, seconds=180)
+        assert summary["accepted"] == 3 and summary["rows"] == 3
+        pids = {int(line.split()[1]) for line in log.read_text().splitlines()}
+        assert pids == worker_pids and os.getpid() not in pids, (pids, worker_pids)
+        with Client(external.scheduler_address, timeout=10) as after:  # still up, worker still there
+            assert len(after.scheduler_info()["workers"]) == 1
+
+
+def test_a_local_cluster_is_quiet_when_port_8787_is_taken(recwarn):
+    """Another run (or an open Dask dashboard) holds 8787: starting ours must not warn about it."""
+    import socket
+
+    from opsynth.cluster import ClusterConfig, start_cluster
+
+    blocker = socket.socket()
+    try:
+        blocker.bind(("", 8787))
+        blocker.listen()
+    except OSError:
+        pass  # already taken by someone else: the same situation
+    try:
+        handle = start_cluster(ClusterConfig(kind="local", n_workers=1, threads_per_worker=1))
+        handle.close()
+    finally:
+        blocker.close()
+    assert not [w for w in recwarn if "8787" in str(w.message)], [str(w.message) for w in recwarn]

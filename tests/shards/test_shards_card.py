@@ -96,3 +96,12 @@ def test_card_refuses_a_folder_without_finalized_shards(tmp_path, make_row):
                                      (10_000, "10K<n<100K"), (2_000_000, "1M<n<10M")])
 def test_size_category(n, cat):
     assert size_category(n) == cat
+
+
+def test_card_lists_the_band_in_force_on_the_device_that_verified(folder):
+    stats = _stats()
+    stats.thresholds = {"verify_device": "cpu", "eager_ms_min": 0.05, "eager_ms_max": 100.0, "mem_cap_gb": 4.0}
+    body = write_card(folder, stats).read_text().split("---\n", 2)[2]
+    assert "in force on `cpu`" in body
+    assert "| `eager_ms_min` | `0.05` |" in body and "| `mem_cap_gb` | `4.0` |" in body
+    assert "`verify_device`" not in body  # said in the sentence, not as a filter

@@ -195,3 +195,48 @@ def test_folders_that_are_not_ready_are_refused_clearly(tmp_path, dataset_dir, m
     card.write_text(text.replace("num_examples: 25", "num_examples: 20"))
     with pytest.raises(PushError, match="says 20 examples but the shards hold 25"):
         plan_upload(dataset_dir, "someone/x")
+
+
+def _push_cli(tmp_path, *args, token: str | None = None):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), HF_HOME=str(tmp_path / "hf-home"))  # no stored login
+    if token:
+        env["HF_TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "pipelines.push", f"hydra.run.dir={tmp_path / 'hydra'}", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _error_line(proc) -> str:
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def test_cli_push_without_repo_id_names_it_and_exits_2(dataset_dir, tmp_path):
+    proc = _push_cli(tmp_path, f"output_dir={dataset_dir}")
+    assert proc.returncode == 2
+    line = _error_line(proc)
+    assert line.startswith("error: repo_id is required") and "<user or org>/<name>" in line
+    assert proc.stdout == ""  # stopped before planning anything
+
+
+def test_cli_upload_without_a_token_says_how_to_get_one_and_exits_2(dataset_dir, tmp_path):
+    proc = _push_cli(tmp_path, f"output_dir={dataset_dir}", "repo_id=someone/opsynth-ops", "upload=true")
+    assert proc.returncode == 2
+    assert "set HF_TOKEN or log in" in _error_line(proc)
+    assert "commits: 1" in proc.stdout  # the plan was shown first
+
+
+def test_cli_push_of_a_file_or_a_misspelled_key_is_one_line(dataset_dir, tmp_path):
+    proc = _push_cli(tmp_path, f"output_dir={dataset_dir / 'report.json'}", "repo_id=someone/opsynth-ops")
+    assert proc.returncode == 2 and "is a file, not a dataset folder" in _error_line(proc)
+    proc = _push_cli(tmp_path, f"output_dir={dataset_dir}", "repo_id=someone/opsynth-ops", "uplod=true")
+    assert proc.returncode == 2 and "did you mean 'upload'?" in _error_line(proc)
+
+
+def test_cli_a_hub_refusal_is_one_line_exit_1_not_a_usage_error(dataset_dir, tmp_path):
+    proc = _push_cli(tmp_path, f"output_dir={dataset_dir}", "repo_id=someone/opsynth-ops", "upload=true",
+                     token=FAKE_TOKEN)  # offline mode refuses the Hub call
+    assert proc.returncode == 1
+    assert "OfflineModeIsEnabled" in _error_line(proc) and FAKE_TOKEN not in proc.stderr

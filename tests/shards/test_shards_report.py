@@ -106,3 +106,45 @@ def test_progress_bar_shows_accepted_rejected_and_rate():
     text = buf.getvalue()
     assert "5/20" in text and "8/20" in text  # starts from the rows already there
     assert "rejected=1" in text and "accept_rate=75%" in text and "cand/min=" in text
+
+
+def _tick_labels(axis) -> list[str]:
+    return [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+
+
+def test_runtimes_plot_draws_the_band_of_the_device_that_verified_with_whole_task_counts(tmp_path):
+    import numpy as np
+
+    from opsynth.shards.report import _plot_runtimes
+
+    eager = np.array([0.06, 0.07, 0.08, 0.1, 0.12, 0.2, 0.3])  # a CPU run: most below the GPU's 1 ms
+    th = {"verify_device": "cpu", "eager_ms_min": 0.05, "eager_ms_max": 100.0}
+    ax = _plot_runtimes(eager, eager * 1.2, th, tmp_path / "runtimes.png").axes[0]
+    assert sorted(float(line.get_xdata()[0]) for line in ax.lines) == [0.05, 100.0]
+    assert "eager band (cpu)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(float(t).is_integer() for t in ax.get_yticks()), ax.get_yticks()
+    assert len(_tick_labels(ax.xaxis)) >= 4
+
+
+def test_speedup_plot_labels_a_narrow_log_range_readably(tmp_path):
+    import numpy as np
+
+    from opsynth.shards.report import _plot_speedup
+
+    speedup = np.array([0.62, 0.7, 0.71, 0.85, 0.86, 0.9, 1.1])
+    ax = _plot_speedup(speedup, tmp_path / "speedup.png").axes[0]
+    labels = _tick_labels(ax.xaxis)
+    assert len(labels) >= 4 and "1" in labels, labels
+    assert all(0.5 < float(x) < 1.5 for x in labels)  # plain numbers, no 10^k notation
+    assert all(float(t).is_integer() for t in ax.get_yticks())
+
+
+def test_count_plots_have_whole_number_ticks(tmp_path):
+    import numpy as np
+
+    from opsynth.shards.report import _plot_barh, _plot_similarity
+
+    ax = _plot_barh({"too_fast": 3, "constant_output": 1}, "t", "candidates", "rejections", tmp_path / "b.png").axes[0]
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    ax = _plot_similarity(np.array([0.1, 0.2, 0.2]), {"kb_similarity_max": 0.9}, tmp_path / "s.png").axes[0]
+    assert all(float(t).is_integer() for t in ax.get_yticks())

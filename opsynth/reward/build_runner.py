@@ -1,0 +1,59 @@
+"""Build child: compile one extension from its source text, never import or run it.
+
+Runs only trusted programs (torch's build helper, ninja, the compilers) on the candidate's source
+strings, so what it produces depends on that text alone: the parent can cache it under the hash of
+the text, and its writes to the compiler cache (ccache) are the compilers' own. Loading the result
+(which runs the candidate's static initialisers) happens only in the candidate's own child.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from opsynth.reward.sandbox import child_main
+
+
+def _no_import(name, path, is_python_module):
+    """Stands in for torch's loader: report where the library is instead of loading it."""
+    return os.path.join(path, f"{name}.so")
+
+
+def run(job: dict) -> dict:
+    import torch.utils.cpp_extension as ce
+
+    ce._import_module_from_library = _no_import  # build only (this process runs no candidate code)
+    req = job["request"]
+    out = job["out_dir"]
+    os.makedirs(out, exist_ok=True)
+    args = dict(req.get("args") or {})
+    if job.get("pch_dir"):
+        cflags = args.get("extra_cflags") or []
+        args["extra_cflags"] = [f"-I{job['pch_dir']}", *([cflags] if isinstance(cflags, str) else cflags)]
+    t0 = time.perf_counter()
+    try:
+        if req["kind"] == "inline":
+            so = ce.load_inline(name=job["build_name"], build_directory=out, verbose=False, **args)
+        else:
+            src_dir = os.path.join(out, "src")
+            os.makedirs(src_dir, exist_ok=True)
+            paths = []
+            for fname, text in sorted((req.get("files") or {}).items()):
+                p = os.path.join(src_dir, os.path.basename(fname))
+                with open(p, "w") as f:
+                    f.write(text)
+                paths.append(p)
+            srcs = [p for p in paths if p.endswith((".cu", ".cpp", ".cc", ".cxx"))]
+            inc = list(args.pop("extra_include_paths", None) or []) + [src_dir]
+            so = ce.load(name=job["build_name"], sources=srcs, build_directory=out, extra_include_paths=inc, verbose=False, **args)
+    except Exception as e:  # the compiler's own words are the candidate's feedback
+        text = f"{type(e).__name__}: {e}"
+        print(text[-8000:], flush=True)
+        return {"reason": "build_error", "detail": text[-6000:], "build_s": round(time.perf_counter() - t0, 3)}
+    if not isinstance(so, str) or not os.path.isfile(so):
+        return {"reason": "build_error", "detail": f"the build produced no library ({so!r})"}
+    return {"reason": "ok", "so": so, "build_s": round(time.perf_counter() - t0, 3)}
+
+
+if __name__ == "__main__":
+    child_main(run)

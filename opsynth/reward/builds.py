@@ -1,0 +1,349 @@
+"""Builds paid once: a content-addressed extension cache, ccache for each translation unit, and the
+trusted service that answers a candidate child's `load_inline` / `load`.
+
+A candidate's child never compiles. Its `load_inline` (intercepted by `guards.ExtensionTracker`)
+sends the call's arguments (source text, flags) to this service over its build channel. The service
+
+1. keys the request by everything that decides the output (sources, flags, torch, compilers) and
+   answers from `<cache>/ext/<key>/` when that was built before;
+2. otherwise builds it in a build child (`build_runner`: compilers only, no candidate code), with
+   ccache in front of the host compiler and nvcc, so a translation unit already compiled for another
+   candidate (the torch wrapper most completions of a GRPO group share) is not compiled again, and
+   with the shared precompiled header (`pch`) for the wrapper;
+3. copies the library into the cache itself, keyed by that hash (the child never writes there),
+   and answers with its path; the candidate's child loads it from there, read-only.
+
+The extension is renamed to a name derived from its C++ side (`opsx_<hash>`), because torch passes
+the name to every translation unit (`-DTORCH_EXTENSION_NAME`): two candidates whose wrappers are the
+same text then compile the same command line, which ccache can share. Python code sees the module
+it asked for; only `module.__name__` differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Arguments of torch's load_inline / load that reach the build; the rest (verbose, build_directory)
+# are the harness's business.
+INLINE_ARGS = (
+    "cpp_sources", "cuda_sources", "sycl_sources", "functions", "extra_cflags", "extra_cuda_cflags",
+    "extra_sycl_cflags", "extra_ldflags", "extra_include_paths", "with_cuda", "with_sycl",
+    "is_python_module", "with_pytorch_error_handling", "keep_intermediates", "use_pch", "no_implicit_headers",
+)
+CPP_SIDE = ("cpp_sources", "functions", "extra_cflags", "extra_include_paths", "with_cuda", "is_python_module", "with_pytorch_error_handling", "no_implicit_headers")
+FILE_ARGS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_include_paths", "with_cuda", "is_python_module")
+
+
+def _h(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class BuildStats:
+    """What the service did: extension-level hits and misses, and time spent building."""
+
+    requests: int = 0
+    ext_hits: int = 0
+    builds: int = 0
+    build_errors: int = 0
+    build_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "lock"}
+
+
+def _tool_ids() -> dict:
+    """Identity of the compilers and torch, part of every key (a new toolchain builds anew)."""
+    import torch
+
+    ids = {"torch": torch.__version__, "cuda": torch.version.cuda, "arch": os.environ.get("TORCH_CUDA_ARCH_LIST", "")}
+    for name, cmd in (("cxx", [os.environ.get("CXX", "c++"), "--version"]), ("nvcc", [_nvcc_path() or "nvcc", "--version"])):
+        try:
+            ids[name] = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()[-200:]
+        except (OSError, subprocess.TimeoutExpired):
+            ids[name] = None
+    return ids
+
+
+def _nvcc_path() -> str | None:
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        if CUDA_HOME and os.path.isfile(os.path.join(CUDA_HOME, "bin", "nvcc")):
+            return os.path.join(CUDA_HOME, "bin", "nvcc")
+    except Exception:
+        pass
+    return shutil.which("nvcc")
+
+
+def find_ccache(setting) -> str | None:
+    """The ccache binary to put in front of the compilers (`reward.ccache`: true/"auto", false, or a path)."""
+    if setting is False or setting in ("false", "off", "none"):
+        return None
+    if isinstance(setting, str) and setting not in ("auto", "true"):
+        return setting if os.access(setting, os.X_OK) else None
+    return os.environ.get("OPSYNTH_CCACHE") or shutil.which("ccache")
+
+
+def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
+    """Environment for a build child: ccache as the compilers' launcher, its cache under the reward cache.
+
+    Host compiler through a launcher script in CXX (torch runs CXX as one program), nvcc through
+    PYTORCH_NVCC (which torch puts into its ninja file verbatim). torch's own automatic wrapper is
+    switched off so ccache is never stacked twice.
+    """
+    if not ccache:
+        return {"TORCH_NO_COMPILER_WRAPPER": "1"}
+    bindir = cache_dir / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    cxx_real = shutil.which(os.environ.get("CXX", "c++")) or "c++"
+    launcher = bindir / "c++"
+    text = f'#!/bin/sh\nexec "{ccache}" "{cxx_real}" "$@"\n'
+    if not launcher.is_file() or launcher.read_text() != text:
+        tmp = bindir / f".c++.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, launcher)
+    env = {
+        "CXX": str(launcher),
+        "TORCH_NO_COMPILER_WRAPPER": "1",
+        "CCACHE_DIR": str(cache_dir / "ccache"),
+        # Paths differ per build folder: make them relative so equal sources hash equal.
+        "CCACHE_BASEDIR": os.path.realpath(tempfile.gettempdir()),
+        "CCACHE_NOHASHDIR": "1",
+        "CCACHE_SLOPPINESS": "pch_defines,time_macros,include_file_mtime,include_file_ctime,system_headers",
+        "CCACHE_MAXSIZE": "20G",
+        "CCACHE_COMPILERCHECK": "content",
+    }
+    nvcc = _nvcc_path()
+    if nvcc:
+        env["PYTORCH_NVCC"] = f"{ccache} {nvcc}"
+    return env
+
+
+def ccache_stats(ccache: str | None, cache_dir: Path) -> dict:
+    """ccache's counters for this cache (direct/preprocessed hits, misses), {} without ccache."""
+    if not ccache:
+        return {}
+    try:
+        out = subprocess.run([ccache, "--print-stats"], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "CCACHE_DIR": str(cache_dir / "ccache")}).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    stats = {}
+    for line in out.splitlines():
+        k, _, v = line.partition("\t")
+        if v.strip().isdigit():
+            stats[k] = int(v)
+    return stats
+
+
+def tu_hit_counts(before: dict, after: dict) -> tuple[int, int]:
+    """(hits, compiles) of translation units between two ccache snapshots."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    hits = d.get("direct_cache_hit", 0) + d.get("preprocessed_cache_hit", 0)
+    misses = d.get("cache_miss", 0)
+    return hits, hits + misses
+
+
+class BuildService:
+    """The trusted side of every candidate's builds, shared by all children of one evaluation run."""
+
+    def __init__(self, cfg, device: str, log=None):
+        self.cfg = cfg
+        self.device = device
+        self.cache_dir = cfg.resolved_cache_dir()
+        self.root = self.cache_dir / "ext"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ccache = find_ccache(getattr(cfg, "ccache", "auto"))
+        self.env = compiler_env(self.cache_dir, self.ccache)
+        if self.ccache:
+            (self.cache_dir / "ccache").mkdir(parents=True, exist_ok=True)
+        self.stats = BuildStats()
+        self._ids = None
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+        self._pch_threads: dict[str, threading.Thread] = {}
+        self.log = log or (lambda msg: None)
+        self.remote = None  # a Dask client: builds then run on any worker (evaluate.remote_build)
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    def _tool_key(self) -> dict:
+        if self._ids is None:
+            self._ids = _tool_ids()
+        return self._ids
+
+    @staticmethod
+    def normalise(req: dict) -> dict:
+        """The request with only the arguments that reach the build, in JSON form; raises ValueError."""
+        kind = req.get("kind")
+        name = str(req.get("name") or "ext")
+        allowed = INLINE_ARGS if kind == "inline" else FILE_ARGS
+        args = {k: v for k, v in (req.get("args") or {}).items() if k in allowed and v is not None}
+        json.dumps(args)  # raises TypeError for anything but plain data
+        out = {"kind": kind, "name": name, "args": args}
+        if kind == "files":
+            files = req.get("files") or {}
+            if not isinstance(files, dict) or not files:
+                raise ValueError("load() with no source files")
+            out["files"] = {os.path.basename(str(k)): str(v) for k, v in files.items()}
+        elif kind != "inline":
+            raise ValueError(f"unknown build kind {kind!r}")
+        return out
+
+    def build_name(self, req: dict) -> str:
+        if req["kind"] != "inline":
+            return req["name"]
+        cpp = {k: req["args"].get(k) for k in CPP_SIDE}
+        cpp["cuda"] = bool(req["args"].get("cuda_sources"))
+        return "opsx_" + _h(cpp)[:16]
+
+    def key(self, req: dict) -> str:
+        return _h({"req": req, "build_name": self.build_name(req), "tools": self._tool_key()})[:32]
+
+    # -- PCH --------------------------------------------------------------------------------------
+
+    def _pch_dir(self, req: dict) -> str | None:
+        """The shared PCH for this request's flags when it is built; else start building it (for the
+        next candidates) and build this one without it, so a cold first evaluation never waits for it."""
+        if not getattr(self.cfg, "shared_pch", True):
+            return None
+        from opsynth.reward import pch
+
+        args = req["args"]
+        if req["kind"] == "inline":
+            cpp = args.get("cpp_sources") or ""
+            cpp = cpp if isinstance(cpp, str) else "\n".join(cpp)
+            if args.get("no_implicit_headers") and pch.first_include(cpp) != "torch/extension.h":
+                return None
+        else:
+            srcs = [t for n, t in req["files"].items() if n.endswith((".cpp", ".cc", ".cxx"))]
+            if not any(pch.first_include(t) == "torch/extension.h" for t in srcs):
+                return None
+        cflags = args.get("extra_cflags") or []
+        cflags = [cflags] if isinstance(cflags, str) else list(cflags)
+        with_cuda = bool(args.get("cuda_sources")) or any(n.endswith(".cu") for n in req.get("files", {}))
+        ready = pch.pch_ready(pch.pch_root(self.cache_dir), cflags, with_cuda)
+        if ready is not None:
+            return ready or None
+        tkey = repr((cflags, with_cuda))
+        with self._locks_lock:
+            t = self._pch_threads.get(tkey)
+            if t is None:
+                t = threading.Thread(
+                    target=pch.pch_include_dir, args=(pch.pch_root(self.cache_dir), cflags, with_cuda, self.log), daemon=True
+                )
+                self._pch_threads[tkey] = t
+                t.start()
+        return None
+
+    # -- the service ------------------------------------------------------------------------------
+
+    def handle(self, raw: dict) -> dict:
+        """One build request from a child: {"ok", "dir", "name", "cached"} or {"ok": False, "error"}."""
+        try:
+            req = self.normalise(raw)
+        except (TypeError, ValueError) as e:
+            return {"ok": False, "error": f"unsupported build arguments: {e}"}
+        with self.stats.lock:
+            self.stats.requests += 1
+        key = self.key(req)
+        name = self.build_name(req)
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:  # identical requests in flight build once
+            hit = self._lookup(key, name)
+            if hit is not None:
+                with self.stats.lock:
+                    self.stats.ext_hits += 1
+                return {"ok": True, "dir": str(hit), "name": name, "cached": True}
+            if self.remote is not None:
+                return self._build_remote(req, key, name)
+            return self._build(req, key, name)
+
+    def _publish(self, key: str, name: str, write, meta: dict) -> Path:
+        """Put a library into the cache under its key (this trusted process is the only writer)."""
+        final = self.root / key
+        tmp = self.root / f".{key}.{os.getpid()}.{threading.get_ident()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        write(tmp / f"{name}.so")
+        (tmp / "meta.json").write_text(json.dumps({"name": name, "key": key, **meta}))
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process published the same key first: same bytes, keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    def _build_remote(self, req: dict, key: str, name: str) -> dict:
+        import dataclasses
+
+        from opsynth.reward.evaluate import remote_build
+
+        t0 = time.perf_counter()
+        reply = self.remote.submit(remote_build, req, dataclasses.asdict(self.cfg), self.device, pure=False).result()
+        wall = time.perf_counter() - t0
+        with self.stats.lock:
+            self.stats.builds += 1
+            self.stats.build_s += wall
+        if not reply.get("ok"):
+            with self.stats.lock:
+                self.stats.build_errors += 1
+            return {"ok": False, "error": reply.get("error", "remote build failed"), "build_s": round(wall, 3)}
+        data = reply.pop("so_bytes")
+        final = self._publish(key, name, lambda p: p.write_bytes(data), {"request_name": req["name"], "remote": True, "built_s": round(wall, 3)})
+        return {"ok": True, "dir": str(final), "name": name, "cached": bool(reply.get("cached")), "build_s": round(wall, 3), "remote": True}
+
+    def _lookup(self, key: str, name: str) -> Path | None:
+        d = self.root / key
+        return d if (d / f"{name}.so").is_file() and (d / "meta.json").is_file() else None
+
+    def _build(self, req: dict, key: str, name: str) -> dict:
+        from opsynth.reward.sandbox import run_child
+
+        scratch = Path(tempfile.mkdtemp(prefix="opsynth_build_"))
+        t0 = time.perf_counter()
+        try:
+            pch_dir = self._pch_dir(req)
+            self.log(f"[reward] building extension {req['name']} ({'with' if pch_dir else 'without'} the shared PCH)")
+            job = {
+                "request": req,
+                "build_name": name,
+                "out_dir": str(scratch / "build"),
+                "pch_dir": pch_dir,
+                "cpu_threads": 1,
+                "device": self.device,
+                "result_path": str(scratch / "build_result.json"),
+            }
+            writable = [str(self.cache_dir / "ccache")] if self.ccache else []
+            res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg,
+                            writable=writable, env_extra=self.env)
+            wall = time.perf_counter() - t0
+            with self.stats.lock:
+                self.stats.builds += 1
+                self.stats.build_s += wall
+            if res.reason != "ok":
+                with self.stats.lock:
+                    self.stats.build_errors += 1
+                detail = res.data.get("detail") or res.log
+                return {"ok": False, "error": f"{res.reason}: {detail}"[-6000:], "build_s": round(wall, 3)}
+            so = Path(res.data["so"])
+            if not so.is_file() or not str(so.resolve()).startswith(str(scratch.resolve())):
+                return {"ok": False, "error": "the build child reported a library outside its folder"}
+            final = self._publish(key, name, lambda p: shutil.copy2(so, p),
+                                  {"request_name": req["name"], "built_s": round(wall, 3), "pch": bool(pch_dir)})
+            return {"ok": True, "dir": str(final), "name": name, "cached": False, "build_s": round(wall, 3)}
+        finally:
+            if not getattr(self.cfg, "keep_scratch", False):
+                shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,154 @@
+"""Plain records of the reward environment: its settings, its verdict, and the reward rule.
+
+Kept free of torch so that the trainer and the command line can import them cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def default_cache_dir() -> Path:
+    """Where builds and baseline timings are kept between evaluations (content-addressed, so shared safely)."""
+    env = os.environ.get("OPSYNTH_RL_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opsynth" / "rl"
+
+
+@dataclass
+class RewardConfig:
+    """Settings of one reward evaluation. Defaults follow CUDA-Agent (5 trials, atol = rtol = 1e-2)."""
+
+    device: str = "auto"  # "auto" (cuda when visible, else cpu), "cuda" or "cpu"
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    num_trials: int = 5
+    second_shape: bool = True  # re-check on a scaled batch_size when the task has one
+    margin: float = 0.95  # "faster" means t < margin * t0
+    warmup: int | None = None  # None: 10 on cuda, 3 on cpu
+    repeats: int | None = None  # None: 30 on cuda, 10 on cpu
+    flush_l2: bool = True  # cuda only: overwrite a 256 MiB buffer between timed calls
+    compile_baseline: bool = True  # also time torch.compile(Model) for reward 3
+    cpu_threads: int | None = None  # torch.set_num_threads in both children (None: torch's default on
+    # cpu; 2 on cuda, where forward runs on the GPU and a dozen children share the cores with compilers)
+    static_check: bool = True  # quick AST/source pre-check before anything runs
+    cache_dir: str | None = None  # None: default_cache_dir()
+    shared_pch: bool = True  # precompile torch/extension.h once per flag set for all builds (gcc; opsynth.reward.pch)
+    build_timeout_s: float = 900.0
+    run_timeout_s: float = 300.0
+    reference_timeout_s: float = 600.0
+    memory_limit_gb: float = 32.0  # RLIMIT_AS on the cpu backend (cuda reserves huge address ranges)
+    prebuild: bool | None = None  # evaluate_many: run each candidate's module top level (its builds) in a
+    # separate child first (None: yes; children fork from a warm server, so the second one is cheap, and
+    # builds overlap the reference run); on cpu every build then ends before anything is timed
+    build_workers: int | None = None  # evaluate_many with prebuild: parallel builds (None: cpu_count on
+    # cuda, where the compilers have the cores to themselves; cpu_count // 2 on cpu)
+    measure_workers: int | None = None  # evaluate_many: children in flight (None: on cuda cpu_count without
+    # prebuild, cores // 2 up to 8 with it; 1 on cpu); their checked and timed sections hold an exclusive
+    # device lock, so only builds and start-up (imports, CUDA context, profiler) overlap
+    keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
+    isolation: str = "auto"  # "auto"/"namespaces": confine every child (mount, net, pid namespaces), refuse
+    # to run where that is impossible; "none": unconfined, with a warning (README: Reward isolation)
+    ccache: str = "auto"  # "auto": ccache from PATH or $OPSYNTH_CCACHE in front of the compilers; "false"; or a path
+    device_index: int | None = None  # which visible GPU (None: LOCAL_RANK under accelerate, else 0)
+    remote_builds: bool = False  # evaluate_many with a Dask client: send builds to any worker
+
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+    def __post_init__(self):
+        from opsynth.reward.isolation import MODES
+
+        if self.isolation not in MODES:
+            raise ValueError(f"reward.isolation must be one of {list(MODES)}, got {self.isolation!r}")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"reward.device must be auto, cuda or cpu, got {self.device!r}")
+        self.ccache = str(self.ccache).lower() if isinstance(self.ccache, bool) else self.ccache
+
+    def resolved_device_index(self) -> int:
+        if self.device_index is not None:
+            return int(self.device_index)
+        return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        try:
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        except Exception:
+            return "cpu"
+
+    def resolved_build_workers(self, device: str) -> int:
+        if self.build_workers:
+            return self.build_workers
+        n = os.cpu_count() or 2
+        return n if device == "cuda" else max(1, n // 2)
+
+    def resolved_prebuild(self, device: str) -> bool:
+        return self.prebuild if self.prebuild is not None else True
+
+    def resolved_measure_workers(self, device: str) -> int:
+        if self.measure_workers:
+            return self.measure_workers
+        if device != "cuda":
+            return 1
+        n = os.cpu_count() or 2
+        return max(1, min(8, n // 2)) if self.resolved_prebuild(device) else n
+
+    def resolved_cpu_threads(self, device: str) -> int | None:
+        if self.cpu_threads:
+            return self.cpu_threads
+        return 2 if device == "cuda" else None
+
+    def timing(self, device: str) -> tuple[int, int]:
+        warm = self.warmup if self.warmup is not None else (10 if device == "cuda" else 3)
+        reps = self.repeats if self.repeats is not None else (30 if device == "cuda" else 10)
+        return warm, reps
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "RewardConfig":
+        """From a plain mapping (a Hydra node as a dict); unknown keys are an error, so a typo in
+        YAML or on the command line does not pass silently."""
+        from opsynth.config import build
+
+        return build(cls, d, "reward")
+
+
+@dataclass
+class EvalResult:
+    """The verdict on one candidate. reward is -1 unless correct; reason names why."""
+
+    reward: int
+    correct: bool
+    reason: str
+    times: dict = field(default_factory=dict)  # candidate_ms, eager_ms, compile_ms (None when unmeasured)
+    log: str = ""
+    device: str = ""
+    details: dict = field(default_factory=dict)  # structured extras: detail (why), kernels, kernel_times, builds
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def rejected(cls, reason: str, log: str = "", times: dict | None = None, device: str = "") -> "EvalResult":
+        return cls(reward=-1, correct=False, reason=reason, times=dict(times or {}), log=log, device=device)
+
+
+def reward_from_times(candidate_ms: float, eager_ms: float | None, compile_ms: float | None, margin: float = 0.95) -> int:
+    """CUDA-Agent's rule for a correct candidate: 3 beats eager and compile, 2 beats eager, else 1.
+
+    Beating means t < margin * t0 (margin 0.95: more than 5 % faster). A missing baseline is never beaten.
+    """
+    beats_eager = eager_ms is not None and candidate_ms < margin * eager_ms
+    beats_compile = compile_ms is not None and candidate_ms < margin * compile_ms
+    if beats_eager and beats_compile:
+        return 3
+    if beats_eager:
+        return 2
+    return 1

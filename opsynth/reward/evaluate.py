@@ -1,0 +1,502 @@
+"""Reward for one candidate kernel (or many): sandboxed, hack-resistant, -1 / 1 / 2 / 3.
+
+Flow of one evaluation (every untrusted step in its own confined child, forked from a warm server,
+with timeout and limits; see opsynth.reward.sandbox and .isolation):
+
+1. resolve the candidate (source, file, workspace, or fenced code in a completion) and pre-check it
+   statically (cheap rejections first);
+2. reference child: builds Model, draws fresh inputs from seeds chosen here, saves its weights,
+   inputs and outputs to a scratch dir, and times eager and torch.compile (cached per task, device,
+   torch version, signed by this process); the parent loads the outputs and deletes the files before
+   any candidate runs;
+3. candidate child: runs the module top level; its `load_inline` calls are built by the trusted
+   build service (opsynth.reward.builds: content-addressed extension cache, ccache per translation
+   unit, shared PCH), and it loads the result read-only. On the cpu backend `evaluate_many` first runs
+   every candidate's top level in a separate child ("prebuild") so no build runs beside a timing;
+4. the same child, measure phase (serialised per device): runs ModelNew under the guards, saves its
+   outputs, times it;
+5. the parent compares outputs with the reference and applies the reward rule.
+
+`evaluate_many(..., client=)` spreads a batch over a Dask cluster: each GPU worker evaluates its
+share under its own device lock, and with `remote_builds` the builds go to any worker.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
+from opsynth.reward.eval_types import EvalResult, RewardConfig, reward_from_times
+
+__all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
+
+
+@dataclass
+class _Reference:
+    """What the reference child produced for one task: outputs live in this process only."""
+
+    ok: bool
+    reason: str
+    log: str
+    scratch: Path | None = None
+    job: dict | None = None
+    outputs: dict | None = None  # {"trials": [[tensor,...],...], "second": [[...]] or None}
+    data: bytes | None = None  # weights and inputs (torch.save bytes), handed to candidates on stdin
+    eager_ms: float | None = None
+    compile_ms: float | None = None
+
+
+def _tmpdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+_services: dict = {}
+_services_lock = threading.Lock()
+
+
+def build_service(cfg: RewardConfig, device: str, log=None):
+    """The build service of this process for a cache and device (one, shared by every batch)."""
+    from opsynth.reward.builds import BuildService
+
+    key = (str(cfg.resolved_cache_dir()), device, str(cfg.ccache), cfg.shared_pch)
+    with _services_lock:
+        svc = _services.get(key)
+        if svc is None:
+            svc = _services[key] = BuildService(cfg, device, log=log)
+        elif log is not None:
+            svc.log = log
+        return svc
+
+
+def _lock_path(cfg: RewardConfig, device: str) -> str:
+    """The device's one lock (shared with the verifier), created here so a confined child can open it."""
+    from opsynth.verify.timing import device_lock_path
+
+    path = device_lock_path(device, cfg.resolved_device_index())
+    try:
+        open(path, "a").close()
+    except OSError:
+        pass
+    return path
+
+
+def _device_env(cfg: RewardConfig, device: str) -> dict:
+    """Children see exactly this process's GPU (under several ranks or workers, each its own)."""
+    if device != "cuda":
+        return {}
+    from opsynth.verify.timing import gpu_key
+
+    return {"CUDA_VISIBLE_DEVICES": gpu_key(cfg.resolved_device_index())}
+
+
+def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Reference:
+    from opsynth.reward import baseline_cache
+    from opsynth.reward.sandbox import run_child
+
+    scratch = _tmpdir("opsynth_ref_")
+    (scratch / "task.py").write_text(task_code)
+    cached = baseline_cache.lookup(cfg, task_code, device)
+    rng = secrets.SystemRandom()
+    job = {
+        "task_path": str(scratch / "task.py"),
+        "device": device,
+        "trial_seeds": [rng.randrange(1, 2**62) for _ in range(cfg.num_trials)],
+        "second_seed": rng.randrange(1, 2**62),
+        "init_seed": rng.randrange(1, 2**62),
+        "second_shape": cfg.second_shape,
+        "measure_baselines": cached is None,
+        "compile_baseline": cfg.compile_baseline,
+        "timing": list(cfg.timing(device)),
+        "flush_l2": cfg.flush_l2,
+        "cpu_threads": cfg.resolved_cpu_threads(device),
+        "memory_limit_gb": cfg.memory_limit_gb,
+        "data_path": str(scratch / "data.pt"),
+        "init_path": str(scratch / "init.pt"),
+        "ref_outputs_path": str(scratch / "ref_outputs.pt"),
+        "result_path": str(scratch / "ref_result.json"),
+        "device_lock": _lock_path(cfg, device),
+    }
+    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, env_extra=_device_env(cfg, device))
+    if res.reason != "ok":
+        return _Reference(False, "reference_" + res.reason, res.log, scratch)
+    import torch
+
+    out_path = Path(job["ref_outputs_path"])
+    outputs = torch.load(out_path, weights_only=True)
+    out_path.unlink()  # the candidate must never find the answers on disk
+    # Nor the inputs and weights: a module could read them at import time (when torch compute is
+    # still allowed) and precompute outputs. They reach the candidate child on stdin, after __init__.
+    data_path = Path(job["data_path"])
+    data = data_path.read_bytes()
+    data_path.unlink()
+    eager_ms, compile_ms = res.data.get("eager_ms"), res.data.get("compile_ms")
+    if cached is not None:
+        eager_ms, compile_ms = cached["eager_ms"], cached["compile_ms"]
+    else:
+        baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms)
+    job["output_meta"] = res.data.get("output_meta")
+    job["has_second"] = res.data.get("has_second", False)
+    return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms)
+
+
+def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
+    (scratch / "model_new.py").write_text(spec.source)
+    if spec.kernel_files:
+        kdir = scratch / "kernels"
+        kdir.mkdir(exist_ok=True)
+        for name, text in spec.kernel_files.items():
+            (kdir / name).write_text(text)
+    job = {
+        "mode": mode,
+        "candidate_path": str(scratch / "model_new.py"),
+        "workspace": bool(spec.kernel_files),
+        "device": device,
+        "cpu_threads": cfg.resolved_cpu_threads(device),
+        "memory_limit_gb": cfg.memory_limit_gb,
+        "result_path": str(scratch / f"cand_{mode}.json"),
+        "device_lock": _lock_path(cfg, device),
+    }
+    if ref is not None and ref.job is not None:
+        job.update(
+            {
+                "init_path": ref.job["init_path"],
+                "output_meta": ref.job["output_meta"],
+                "has_second": ref.job["has_second"],
+                "init_seed": ref.job["init_seed"],
+                "timing": ref.job["timing"],
+                "flush_l2": cfg.flush_l2,
+                "outputs_path": str(scratch / "cand_outputs.pt"),
+            }
+        )
+    return job
+
+
+def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
+    """Run the candidate's module top level once (compiling its extensions into the shared cache)."""
+    from opsynth.reward.sandbox import run_child
+
+    job = _candidate_job(spec, None, cfg, device, scratch, "build")
+    job["cpu_threads"] = 1  # it only waits for builds: no torch thread pools next to the compilers
+    return run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg,
+                     build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
+
+
+def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
+    from opsynth.reward.compare import judge_outputs
+    from opsynth.reward.sandbox import run_child
+
+    times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
+    job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
+    # The first run of a fresh build compiles inside this child too, so allow for it.
+    res = run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, stdin_bytes=ref.data,
+                    build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
+    log = (build_log + "\n" + res.log).strip()
+    details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
+    if res.reason != "ok":
+        out = EvalResult.rejected(res.reason, log, times, device)
+        out.details = details
+        return out
+    times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
+    times["candidate_ms"] = res.data.get("candidate_ms")
+    times["build_s"] = res.data.get("build_s")
+    times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
+    times["locked_s"] = res.data.get("locked_s")  # checks, profiler and timing (holding the device lock)
+    for k in ("cuda_init_s", "profiler_init_s"):  # parts of setup_s
+        if res.data.get(k) is not None:
+            times[k] = res.data[k]
+    import torch
+
+    t_judge = time.perf_counter()
+    cand = torch.load(job["outputs_path"], weights_only=True)
+    verdict, detail = judge_outputs(ref.outputs, cand, cfg)
+    times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
+    log = (log + "\n" + detail).strip()
+    if verdict != "ok":
+        out = EvalResult.rejected(verdict, log, times, device)
+        out.details = {**details, "detail": detail}
+        return out
+    reward = reward_from_times(times["candidate_ms"], ref.eager_ms, ref.compile_ms, cfg.margin)
+    return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
+
+
+def _precheck(candidate: str | Path, cfg: RewardConfig, device: str) -> tuple[CandidateSpec | None, EvalResult | None]:
+    from opsynth.reward.static_check import static_check
+
+    try:
+        spec = resolve_candidate(candidate)
+    except (OSError, UnicodeDecodeError) as e:
+        return None, EvalResult.rejected("no_code", f"cannot read candidate: {e}", device=device)
+    if spec is None:
+        return None, EvalResult.rejected("no_code", "no code block found in the candidate", device=device)
+    reason, detail = static_check(spec, enabled=cfg.static_check)
+    if reason != "ok":
+        return spec, EvalResult.rejected(reason, detail, device=device)
+    return spec, None
+
+
+def _cleanup(path: Path | None, cfg: RewardConfig) -> None:
+    if path is not None and not cfg.keep_scratch:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = None, progress=None) -> EvalResult:
+    """Reward of one candidate for one task. Never raises for anything the candidate does.
+
+    The reference run (eager and torch.compile baselines) and the candidate's build overlap;
+    `progress(message)`, when given, hears one line per phase.
+    """
+    t0 = time.perf_counter()
+    result = evaluate_many([(task_code, candidate)], cfg, progress=progress)[0]
+    result.times["wall_s"] = round(time.perf_counter() - t0, 3)
+    return result
+
+
+def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client=None, progress=None) -> list[EvalResult]:
+    """Evaluate (task_code, candidate) pairs, overlapping CPU builds with device measurement.
+
+    `on_result(index, result)`, when given, is called (from a worker thread) as each result is known,
+    for progress reporting; an exception it raises is ignored. `progress(message)` hears phases.
+
+    With a Dask `client`, the batch is spread over the cluster's workers (each GPU worker measures
+    its share under its own device lock; see `_evaluate_on_cluster`). Otherwise, here: references
+    (one per distinct task) and candidates run in `measure_workers` confined children, whose
+    device-sensitive sections (checked calls and timing) take the device's exclusive lock; with
+    `prebuild` (the default) every candidate first runs its module top level in a separate child,
+    which is what triggers its builds, in parallel with the references; on the cpu backend all builds
+    finish before anything is timed, since builds and timings would share the cores.
+    """
+    cfg = cfg or RewardConfig()
+    if client is not None:
+        return _evaluate_on_cluster(list(pairs), cfg, client, on_result, progress)
+    device = cfg.resolved_device()
+    pairs = list(pairs)
+    say = _sayer(progress)
+    results: list[EvalResult | None] = [None] * len(pairs)
+    specs: dict[int, CandidateSpec] = {}
+
+    def report(i, res):
+        if on_result is not None:
+            try:
+                on_result(i, res)
+            except Exception:  # progress reporting must never lose a batch
+                pass
+
+    for i, (_task, cand) in enumerate(pairs):
+        spec, early = _precheck(cand, cfg, device)
+        if early is not None:
+            results[i] = early
+            report(i, early)
+        else:
+            specs[i] = spec
+    if not specs:
+        return [r for r in results]  # type: ignore[misc]
+    try:
+        from opsynth.reward.sandbox import isolation_enabled
+
+        isolation_enabled(cfg.isolation)  # one clear error before any child, not one per candidate
+    except RuntimeError as e:
+        raise RewardSetupError(str(e)) from None
+    build_service(cfg, device, log=say)
+    build_workers = cfg.resolved_build_workers(device)
+    scratches = {i: _tmpdir("opsynth_cand_") for i in specs}
+    by_digest: dict[str, list[int]] = {}
+    for i in specs:
+        by_digest.setdefault(specs[i].digest(), []).append(i)
+    say(f"[reward] {len(specs)} candidate(s), {len(by_digest)} distinct, {len({pairs[i][0] for i in specs})} task(s) on {device}")
+
+    def build(digest):
+        i = by_digest[digest][0]
+        if not cfg.resolved_prebuild(device):  # the measuring child builds inline
+            from opsynth.reward.sandbox import ChildResult
+
+            return digest, ChildResult("ok")
+        say(f"[reward] candidate {i}: running its module top level (builds its extensions)")
+        return digest, _build(specs[i], cfg, device, scratches[i])
+
+    ref_futs = {}
+
+    def reference(task):
+        say("[reward] reference: Model outputs, eager and torch.compile timings")
+        ref = _prepare_reference(task, cfg, device)
+        say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
+        return ref
+
+    def measure(j, bres):
+        say(f"[reward] candidate {j}: checking and timing")
+        res = _measure_one(j, bres)
+        say(f"[reward] candidate {j}: reward {res.reward} ({res.reason})")
+        report(j, res)
+        return res
+
+    def _measure_one(j, bres):
+        ref = ref_futs[pairs[j][0]].result()
+        if not ref.ok:
+            return EvalResult.rejected(ref.reason, ref.log, device=device)
+        if bres.reason != "ok":
+            out = EvalResult.rejected(bres.reason, bres.log, device=device)
+            out.details = {k: bres.data[k] for k in ("detail", "builds") if bres.data.get(k) is not None}
+            return out
+        res = _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
+        if bres.data and bres.data.get("build_s") is not None:
+            res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # the module top level, builds included
+            res.times["prebuild_wall_s"] = round(bres.wall_s, 3)  # the whole build child, start to exit
+        if bres.data and bres.data.get("builds"):
+            res.details["builds"] = bres.data["builds"]
+        return res
+
+    try:
+        with ThreadPoolExecutor(max_workers=build_workers) as bpool, ThreadPoolExecutor(
+            max_workers=cfg.resolved_measure_workers(device)
+        ) as mpool:
+            def submit_references():
+                for i in specs:
+                    task = pairs[i][0]
+                    if task not in ref_futs:
+                        ref_futs[task] = mpool.submit(reference, task)
+
+            # On a GPU, builds (CPU) overlap timing (device). On the cpu backend they would share the
+            # cores and skew every baseline and candidate timing, so all builds finish first there.
+            overlap = device != "cpu"
+            if overlap:  # references go first in the measurement queue, so measurements never wait long
+                submit_references()
+            build_futs = [bpool.submit(build, d) for d in by_digest]  # identical candidates build once
+            if not overlap:
+                for fut in build_futs:
+                    fut.exception()  # wait
+                submit_references()
+            measure_futs = {}
+            for fut in as_completed(build_futs):
+                digest, bres = fut.result()
+                for j in by_digest[digest]:
+                    measure_futs[j] = mpool.submit(measure, j, bres)
+            for j, fut in measure_futs.items():
+                try:
+                    results[j] = fut.result()
+                except RewardSetupError:
+                    raise
+                except Exception as e:  # a harness bug must not lose the whole batch
+                    results[j] = EvalResult.rejected("crashed", f"harness error: {type(e).__name__}: {e}", device=device)
+    finally:
+        for s in scratches.values():
+            _cleanup(s, cfg)
+        for f in ref_futs.values():
+            if f.done() and f.exception() is None:
+                _cleanup(f.result().scratch, cfg)
+    return [r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device) for r in results]
+
+
+class RewardSetupError(RuntimeError):
+    """The environment cannot evaluate anything here (no sandbox, no fork server): the caller's problem."""
+
+
+def _sayer(progress):
+    if progress is None:
+        return lambda msg: None
+
+    def say(msg):
+        try:
+            progress(msg)
+        except Exception:
+            pass
+
+    return say
+
+
+def cache_stats(cfg: RewardConfig | None = None, device: str | None = None) -> dict:
+    """Build-cache counters of this process (extension hits, builds) plus ccache's translation units."""
+    from opsynth.reward.builds import ccache_stats
+
+    cfg = cfg or RewardConfig()
+    device = device or cfg.resolved_device()
+    svc = build_service(cfg, device)
+    return {"extensions": svc.stats.as_dict(), "ccache": ccache_stats(svc.ccache, svc.cache_dir), "ccache_path": svc.ccache}
+
+
+# ---- on a Dask cluster --------------------------------------------------------------------------------
+
+
+def _worker_evaluate(chunk: list, cfg_dict: dict) -> list[dict]:
+    """On a Dask worker: evaluate this share of the batch with the worker's own fork server, device
+    and lock. With `remote_builds`, this worker's builds go to any worker of the cluster."""
+    cfg = RewardConfig.from_dict(cfg_dict)
+    if cfg.remote_builds:
+        from distributed import get_client
+
+        svc = build_service(cfg, cfg.resolved_device())
+        svc.remote = get_client()
+    return [r.to_dict() for r in evaluate_many(chunk, cfg)]
+
+
+def remote_build(raw: dict, cfg_dict: dict, device: str) -> dict:
+    """On any Dask worker: one trusted build; the library travels back as bytes."""
+    cfg = RewardConfig.from_dict(cfg_dict)
+    svc = build_service(cfg, device)
+    reply = svc.handle(raw)
+    if reply.get("ok"):
+        reply["so_bytes"] = (Path(reply["dir"]) / f"{reply['name']}.so").read_bytes()
+    return reply
+
+
+def _evaluate_on_cluster(pairs: list, cfg: RewardConfig, client, on_result, progress) -> list[EvalResult]:
+    """Split the batch by task over the workers (GPU workers when the cluster has them), one share each."""
+    import dataclasses
+
+    say = _sayer(progress)
+    workers = client.scheduler_info().get("workers", {})
+    gpu = {a: w for a, w in workers.items() if "GPU" in (w.get("resources") or {})}
+    targets = sorted(gpu or workers)
+    if not targets:
+        raise RewardSetupError("the Dask cluster has no workers")
+    cfg_dict = dataclasses.asdict(cfg)
+    if gpu and cfg.device == "auto":
+        cfg_dict["device"] = "cuda"
+    by_task: dict[str, list[int]] = {}
+    for i, (task, _c) in enumerate(pairs):
+        by_task.setdefault(task, []).append(i)
+    shares: list[list[int]] = [[] for _ in targets]
+    for idx in sorted(by_task.values(), key=len, reverse=True):  # largest task groups first, to the lightest share
+        min(shares, key=len).extend(idx)
+    futs = {}
+    for addr, idx in zip(targets, shares):
+        if idx:
+            kw = {"resources": {"GPU": 1}} if gpu else {"workers": [addr]}
+            futs[client.submit(_worker_evaluate, [pairs[i] for i in idx], cfg_dict, pure=False, **kw)] = idx
+    say(f"[reward] {len(pairs)} candidate(s) over {len(futs)} worker(s) ({'GPU' if gpu else 'CPU'})")
+    from distributed import as_completed as dask_completed
+
+    results: list[EvalResult | None] = [None] * len(pairs)
+    for fut in dask_completed(list(futs)):
+        idx = futs[fut]
+        try:
+            got = [EvalResult(**d) for d in fut.result()]
+        except Exception as e:  # a lost worker fails its share, not the batch
+            got = [EvalResult.rejected("crashed", f"worker failed: {type(e).__name__}: {e}") for _ in idx]
+        for i, r in zip(idx, got):
+            results[i] = r
+            if on_result is not None:
+                try:
+                    on_result(i, r)
+                except Exception:
+                    pass
+    return [r if r is not None else EvalResult.rejected("crashed", "not evaluated") for r in results]
+
+
+def main_json(task_path: str, candidate_path: str, cfg: RewardConfig | None = None) -> dict:
+    """One evaluation from files, as a JSON-ready dict."""
+    res = evaluate(Path(task_path).read_text(), Path(candidate_path), cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    return res.to_dict()
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience
+    import sys
+
+    print(json.dumps(main_json(sys.argv[1], sys.argv[2])))

@@ -1,0 +1,357 @@
+"""Runtime guards around ModelNew.forward, inside the candidate child. These are the authority;
+the static pre-check only saves time on the obvious cases.
+
+- OpAudit: a TorchDispatchMode that poisons (NaN-fills) every uninitialised allocation in checked
+  calls, so an output that was never written cannot pass off stale memory as a result; and records every aten/prims op executed while armed (also ops that
+  C++ extension code calls through the dispatcher, e.g. at::matmul); only creation, view, copy and
+  metadata ops are allowed. The extension's own pybind functions never reach the dispatcher.
+- torch.nn.functional and Tensor -> numpy/list escapes raise while armed (CUDA-Agent blocks F).
+- HarnessSnapshot: identities of timers, synchronisation and harness functions, captured before the
+  candidate runs, compared after each phase.
+- ExtensionTracker: wraps what load_inline / load return so calls into the candidate's compiled
+  functions are counted (the CPU "kernel launched" check), and puts builds in a content-addressed dir.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import types
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Namespaces of torch's own compute; ops of any other namespace are the candidate's (TORCH_LIBRARY).
+TORCH_NAMESPACES = {"aten", "prims", "quantized", "_quantized", "mkldnn", "mkl", "onednn", "cudnn", "_c10d_functional", "c10d", "rngprims", "inductor", "torchvision"}
+
+# Creation, views, layout/copies and metadata: no arithmetic.
+ALLOWED_OPS = {
+    # creation
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
+    "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "scalar_tensor",
+    "fill_", "zero_", "resize_", "resize_as_", "lift_fresh", "lift_fresh_copy", "lift",
+    # views
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "as_strided_", "permute",
+    "transpose", "transpose_", "t", "t_", "expand", "expand_as", "squeeze", "squeeze_", "unsqueeze",
+    "unsqueeze_", "select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind",
+    "flatten", "unflatten", "view_as", "movedim", "alias", "detach", "detach_", "diagonal", "unfold",
+    "_conj", "_neg_view", "view_as_real", "view_as_complex",
+    # layout / copies (no arithmetic)
+    "contiguous", "clone", "copy_", "_to_copy", "to", "_copy_from", "_copy_from_and_resize",
+    "record_stream", "_pin_memory", "pin_memory",
+    # metadata
+    "size", "stride", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "storage_offset",
+    "is_contiguous", "dim", "numel", "is_same_size", "_has_compatible_shallow_copy_type",
+    "is_pinned", "_local_scalar_dense", "item", "result_type", "is_nonzero",
+}
+
+
+class ForbiddenOp(RuntimeError):
+    pass
+
+
+class OpAudit(TorchDispatchMode):
+    """Records torch compute ops run while armed, and raises so they do not silently succeed."""
+
+    def __init__(self):
+        super().__init__()
+        self.armed = False
+        self.poison = False  # fill fresh torch.empty* results with NaN (checked calls, not timed ones)
+        self.violations: list[str] = []
+        self.stream_use: list[str] = []
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        if self.armed:
+            ns = getattr(func, "namespace", "aten")
+            name = getattr(func, "_opname", str(func))
+            if ns in TORCH_NAMESPACES and name not in ALLOWED_OPS:
+                self.violations.append(f"{ns}.{name}")
+                raise ForbiddenOp(f"torch op {ns}.{name} called inside ModelNew.forward")
+        out = func(*args, **(kwargs or {}))
+        if self.armed and self.poison and getattr(func, "_opname", "") in EMPTY_OPS and isinstance(out, torch.Tensor):
+            poison_fill(out)
+        return out
+
+
+EMPTY_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+def poison_fill(t: "torch.Tensor") -> None:
+    """What uninitialised memory holds in a checked call: NaN (or the integer maximum)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+
+
+class Blocker:
+    """Wraps module attributes so that they raise (and are recorded) while the audit is armed."""
+
+    def __init__(self, audit: OpAudit):
+        self.audit = audit
+
+    def _wrap(self, label: str, fn):
+        audit = self.audit
+
+        @functools.wraps(fn)
+        def blocked(*a, **k):
+            if audit.armed:
+                audit.violations.append(label)
+                raise ForbiddenOp(f"{label} called inside ModelNew.forward")
+            return fn(*a, **k)
+
+        return blocked
+
+    def install(self) -> None:
+        for name in dir(F):
+            obj = getattr(F, name)
+            if callable(obj) and not isinstance(obj, type) and not name.startswith("__") and isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+                setattr(F, name, self._wrap(f"F.{name}", obj))
+        for name in ("numpy", "tolist", "__array__"):
+            if hasattr(torch.Tensor, name):
+                setattr(torch.Tensor, name, self._wrap(f"Tensor.{name}", getattr(torch.Tensor, name)))
+        # Threads started in forward escape both the timer and this (thread-local) dispatch mode.
+        import _thread
+
+        self._thread_start = threading.Thread.start
+        audit = self.audit
+        orig_start = threading.Thread.start
+
+        def start(th, *a, **k):
+            if audit.armed:
+                audit.stream_use.append("threading.Thread.start")
+            return orig_start(th, *a, **k)
+
+        threading.Thread.start = start
+        _thread.start_new_thread = self._stream_wrap_fn("_thread.start_new_thread", _thread.start_new_thread)
+        # Python-side streams: work put on them escapes the current stream's events.
+        if hasattr(torch, "cuda"):
+            for name in ("Stream", "stream", "set_stream"):
+                if hasattr(torch.cuda, name):
+                    orig = getattr(torch.cuda, name)
+                    setattr(torch.cuda, name, self._stream_wrap(name, orig))
+
+    def _stream_wrap_fn(self, label, orig):
+        audit = self.audit
+
+        @functools.wraps(orig)
+        def watched(*a, **k):
+            if audit.armed:
+                audit.stream_use.append(label)
+            return orig(*a, **k)
+
+        return watched
+
+    def _stream_wrap(self, name, orig):
+        audit = self.audit
+
+        if isinstance(orig, type):
+            class Watched(orig):  # type: ignore[misc, valid-type]
+                def __new__(cls, *a, **k):
+                    if audit.armed:
+                        audit.stream_use.append(f"torch.cuda.{name}")
+                    return orig.__new__(orig, *a, **k)
+
+            return Watched
+
+        @functools.wraps(orig)
+        def watched(*a, **k):
+            if audit.armed:
+                audit.stream_use.append(f"torch.cuda.{name}")
+            return orig(*a, **k)
+
+        return watched
+
+
+TIMER_NAMES = {
+    "time": ["time", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time", "sleep"],
+    "torch.cuda": ["synchronize", "Event", "current_stream", "default_stream", "Stream", "stream", "set_stream", "_lazy_init"],
+    "torch.cuda.Event": ["record", "elapsed_time", "synchronize", "query", "wait"],
+    "torch.cuda.Stream": ["synchronize", "wait_event", "wait_stream", "query", "record_event"],
+}
+
+
+def _resolve(path: str):
+    import importlib
+
+    parts = path.split(".")
+    obj = importlib.import_module(parts[0])
+    for p in parts[1:]:
+        obj = getattr(obj, p)
+    return obj
+
+
+class HarnessSnapshot:
+    """Identities of the functions the harness relies on; any change means the candidate patched one."""
+
+    def __init__(self, extra_modules: list = ()):
+        self.entries: dict[str, tuple[object, str, object]] = {}
+        for owner_path, names in TIMER_NAMES.items():
+            try:
+                owner = _resolve(owner_path)
+            except Exception:
+                continue
+            for n in names:
+                if n in vars(owner) if isinstance(owner, type) else hasattr(owner, n):
+                    self.entries[f"{owner_path}.{n}"] = (owner, n, getattr(owner, n), "timer")
+        others = {
+            torch: ["save", "load", "manual_seed", "no_grad", "equal", "allclose", "empty", "empty_like"],
+            torch.Tensor: ["copy_", "clone", "cpu", "to", "detach", "data_ptr", "__eq__", "numel", "__class__"],
+            torch.nn.Module: ["__call__", "_call_impl", "load_state_dict", "state_dict"],
+            torch.profiler: ["profile"],
+            TorchDispatchMode: ["__enter__", "__exit__"],
+        }
+        for owner, names in others.items():
+            for n in names:
+                if hasattr(owner, n):
+                    self.entries[f"{getattr(owner, '__name__', owner)}.{n}"] = (owner, n, getattr(owner, n), "harness")
+        for m in extra_modules:
+            for n, v in list(vars(m).items()):
+                if not n.startswith("__"):
+                    self.entries[f"{m.__name__}.{n}"] = (m, n, v, "harness")
+
+    def changed(self) -> str | None:
+        """'timer_patched:<name>' / 'harness_patched:<name>', or None when nothing was touched."""
+        import sys
+
+        if sys.gettrace() is not None or sys.getprofile() is not None:
+            return "timer_patched:sys.settrace"
+        for label, (owner, n, orig, kind) in self.entries.items():
+            try:
+                now = getattr(owner, n)
+            except AttributeError:
+                now = None
+            if now is not orig and not (isinstance(owner, type) and now == orig):
+                return f"{'timer' if kind == 'timer' else 'harness'}_patched:{label}"
+        return None
+
+
+def new_python_threads(baseline: set[int]) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.ident not in baseline and t.is_alive()]
+
+
+class ExtensionTracker:
+    """Intercepts torch.utils.cpp_extension.load_inline / load in the candidate's child.
+
+    The child never compiles: the call's arguments go to the trusted build service over the child's
+    build channel (`opsynth.reward.builds`), which answers with a library in the read-only extension
+    cache, built from exactly that text (or found there from an earlier candidate). The returned
+    module is wrapped so calls into its functions are counted while the audit is armed.
+    """
+
+    def __init__(self, audit: OpAudit, build_fd: int | None):
+        self.audit = audit
+        self.build_fd = build_fd
+        self.calls = 0
+        self.build_failed: str | None = None
+        self.build_s = 0.0
+        self.modules: list[str] = []
+        self.builds: list[dict] = []  # per extension: name, cached, build_s
+        self._chan = None
+
+    def _wrap_module(self, mod):
+        if not isinstance(mod, types.ModuleType):
+            return mod
+        tracker = self
+        proxy = types.ModuleType(mod.__name__)
+        for n in dir(mod):
+            v = getattr(mod, n)
+            if callable(v) and not n.startswith("__") and not isinstance(v, type):
+                def counted(*a, __f=v, **k):
+                    if tracker.audit.armed:
+                        tracker.calls += 1
+                    return __f(*a, **k)
+
+                setattr(proxy, n, counted)
+            else:
+                setattr(proxy, n, v)
+        self.modules.append(mod.__name__)
+        return proxy
+
+    def _request(self, req: dict) -> dict:
+        import json
+        import os
+
+        if self.build_fd is None:
+            return {"ok": False, "error": "no build service in this child"}
+        if self._chan is None:
+            self._chan = os.fdopen(self.build_fd, "r+b", buffering=0)
+        self._chan.write(json.dumps(req).encode() + b"\n")
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = self._chan.readline()
+            if not chunk:
+                return {"ok": False, "error": "the build service closed the channel"}
+            line += chunk
+        return json.loads(line)
+
+    def _build(self, req: dict, is_python_module: bool):
+        import time
+
+        import torch.utils.cpp_extension as ce
+
+        t0 = time.perf_counter()
+        try:
+            reply = self._request(req)
+        finally:
+            self.build_s += time.perf_counter() - t0
+        if not reply.get("ok"):
+            self.build_failed = str(reply.get("error", "build failed"))[-4000:]
+            raise RuntimeError(f"Error building extension '{req.get('name')}': {self.build_failed}")
+        self.builds.append({"name": req.get("name"), "cached": bool(reply.get("cached")), "build_s": reply.get("build_s")})
+        return ce._import_module_from_library(reply["name"], reply["dir"], is_python_module)
+
+    def install(self) -> None:
+        import inspect
+        import os
+
+        import torch.utils.cpp_extension as ce
+
+        orig_inline, orig_load = ce.load_inline, ce.load
+        sig_inline, sig_load = inspect.signature(orig_inline), inspect.signature(orig_load)
+        tracker = self
+
+        def _plain(bound) -> dict:
+            args = dict(bound.arguments)
+            args.pop("build_directory", None)
+            args.pop("verbose", None)
+            extra = args.pop("kwargs", None)
+            if extra:
+                args.update(extra)
+            return args
+
+        @functools.wraps(orig_inline)
+        def load_inline(*args, **kwargs):
+            bound = sig_inline.bind(*args, **kwargs)
+            a = _plain(bound)
+            name = a.pop("name")
+            is_py = a.get("is_python_module", True)
+            mod = tracker._build({"kind": "inline", "name": name, "args": a}, is_py)
+            return tracker._wrap_module(mod)
+
+        @functools.wraps(orig_load)
+        def load(*args, **kwargs):
+            bound = sig_load.bind(*args, **kwargs)
+            a = _plain(bound)
+            name = a.pop("name")
+            sources = a.pop("sources")
+            srcs = [sources] if isinstance(sources, str) else list(sources)
+            files = {}
+            for p in srcs:
+                with open(p) as f:
+                    files[os.path.basename(p)] = f.read()
+            # headers beside the sources travel too (a workspace's kernels/*.cuh)
+            for d in {os.path.dirname(os.path.abspath(p)) for p in srcs}:
+                for fn in os.listdir(d):
+                    if fn.endswith((".h", ".hpp", ".cuh")) and fn not in files:
+                        with open(os.path.join(d, fn)) as f:
+                            files[fn] = f.read()
+            is_py = a.get("is_python_module", True)
+            mod = tracker._build({"kind": "files", "name": name, "files": files, "args": a}, is_py)
+            return tracker._wrap_module(mod)
+
+        ce.load_inline = load_inline
+        ce.load = load

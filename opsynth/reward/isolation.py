@@ -1,0 +1,229 @@
+"""Confine an untrusted child with Linux namespaces: it can write only to its own folders.
+
+Called in a freshly forked child, before any untrusted code runs. The child gets its own mount,
+network, IPC and PID namespaces (and a user namespace when it is not root, so the same code works
+for an ordinary user):
+
+- every mount is remounted read-only except the folders it may write (its scratch folder; for a
+  build child also the compiler cache); folders it must not even read (the trust key) are covered
+  by an empty tmpfs;
+- a fresh /proc shows only its own processes, so neither the trainer's environment
+  (/proc/<pid>/environ, where a Hub token lives) nor other candidates are visible;
+- its network namespace has only a loopback that is down: no sockets reach anything, the fork
+  server's and Dask's included (abstract Unix sockets are per network namespace too).
+
+Why namespaces through `unshare(2)` and not bubblewrap: the child is forked from a warm fork server
+(torch already imported) and must stay in that process; bubblewrap sandboxes a new `exec`, which
+would pay the torch import again for every candidate. The kernel calls are the same ones
+bubblewrap makes. Python 3.12 has `os.unshare`; on 3.11 it is called through libc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import signal
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
+
+PR_SET_PDEATHSIG = 1
+
+_KEEP_FLAGS = {  # per-mount flags a remount must keep (the kernel refuses to drop locked ones)
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+    "strictatime": MS_STRICTATIME,
+}
+
+MODES = ("auto", "namespaces", "none")
+
+
+class IsolationError(RuntimeError):
+    """The sandbox could not be set up: the child must not run untrusted code."""
+
+
+_libc = None
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+        _libc.unshare.argtypes = [ctypes.c_int]
+        _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return _libc
+
+
+def _unshare(flags: int) -> None:
+    if hasattr(os, "unshare"):
+        os.unshare(flags)
+        return
+    if _c().unshare(flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    if _c().mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {target}: {os.strerror(e)}")
+
+
+def _unescape(path: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal."""
+    return path.encode().decode("unicode_escape") if "\\" in path else path
+
+
+def _mounts() -> list[tuple[str, int]]:
+    """(mount point, flags to keep) of every mount this process sees, parents before children."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            point, opts = _unescape(parts[4]), parts[5].split(",")
+            out.append((point, sum(_KEEP_FLAGS.get(o, 0) for o in opts)))
+    return sorted(out, key=lambda m: m[0].count("/"))
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def enter(writable: list[str], hidden: list[str] = (), must_not_write: list[str] = ()) -> None:
+    """Confine the calling process (a fresh fork; single-threaded) and its future children.
+
+    Returns in a new process (PID 1 of the new PID namespace); the process that called it waits for
+    that one and exits with its status, so a caller's pid, process group and exit code keep their
+    meaning. Raises IsolationError if any part fails: never run untrusted code after that.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWPID
+    if uid != 0:
+        flags |= CLONE_NEWUSER
+    try:
+        _unshare(flags)
+        if uid != 0:  # keep our own ids inside, so file ownership reads as before
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    except OSError as e:
+        raise IsolationError(f"unshare failed: {e}") from None
+    pid = os.fork()  # the new PID namespace applies to children: this one is its PID 1
+    if pid:
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except ChildProcessError:
+                os._exit(1)
+            except InterruptedError:
+                continue
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the process above
+    try:
+        _confine_mounts(writable, hidden)
+        _verify(must_not_write, writable)
+    except (OSError, IsolationError) as e:
+        raise IsolationError(str(e)) from None
+
+
+def _confine_mounts(writable: list[str], hidden: list[str]) -> None:
+    writable = [os.path.realpath(w) for w in writable]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
+    for w in writable:
+        _mount(w, w, None, MS_BIND | MS_REC)  # its own mount, so the read-only pass can skip it
+    for point, keep in _mounts():
+        if _inside(point, writable) or _inside(point, ["/proc"]):
+            continue
+        try:
+            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
+        except OSError as e:
+            # Pseudo file systems under /sys may refuse; they hold nothing the evaluator trusts.
+            # Everything else must become read-only, or the child does not run.
+            if not _inside(point, ["/sys"]) and e.errno not in (errno.ENOENT,):
+                raise IsolationError(f"cannot make {point} read-only: {e}")
+    for h in hidden:
+        if os.path.isdir(h):
+            _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=0555")
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # only this namespace's processes
+
+
+def _verify(must_not_write: list[str], writable: list[str]) -> None:
+    """Refuse to go on unless the places that matter really are read-only here."""
+    for d in must_not_write:
+        if not os.path.isdir(d) or _inside(os.path.realpath(d), [os.path.realpath(w) for w in writable]):
+            continue
+        probe = os.path.join(d, f".opsynth-isolation-probe-{os.getpid()}")
+        try:
+            fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
+        except OSError:
+            continue  # EROFS / EACCES: as it should be
+        os.close(fd)
+        os.unlink(probe)
+        raise IsolationError(f"{d} is still writable inside the sandbox")
+
+
+def probe() -> tuple[bool, str]:
+    """Whether `enter` works here: tried in a throwaway child. (ok, why not)."""
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix="opsynth_probe_")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        os.close(r)
+        try:
+            enter([scratch], must_not_write=[os.path.dirname(scratch), os.path.dirname(__file__)])
+            with open(os.path.join(scratch, "ok"), "w") as f:
+                f.write("ok")
+            import socket
+
+            try:
+                socket.create_connection(("127.0.0.1", 9), timeout=1)
+                msg = "network reachable inside the sandbox"
+            except OSError:
+                msg = "ok"
+            os.write(w, msg.encode())
+        except BaseException as e:  # noqa: BLE001
+            os.write(w, f"{type(e).__name__}: {e}".encode()[:500])
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        msg = f.read()
+    os.waitpid(pid, 0)
+    ok = msg == "ok" and os.path.exists(os.path.join(scratch, "ok"))
+    import shutil
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    return ok, ("" if ok else (msg or "the probe child died"))

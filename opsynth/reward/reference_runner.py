@@ -1,0 +1,141 @@
+"""Reference child: Model's weights, fresh inputs, reference outputs, and eager / compile timings.
+
+`python -m opsynth.reward.reference_runner job.json`. Seeds come from the parent; the candidate only
+ever sees the inputs file, after this child has exited.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+from opsynth.reward.sandbox import child_main, device_lock
+
+
+def _to_cpu(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return [_to_cpu(v) for v in x]
+    return x
+
+
+def _make_inputs(mod, seed: int, device: str):
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return list(mod.get_inputs())
+
+
+def run(job: dict) -> dict:
+    """Everything that touches the device runs under the device lock, except torch.compile's
+    compilation (seconds to a minute of CPU work for each new task), which would otherwise hold up
+    every candidate's measurement behind it."""
+    import torch  # noqa: F401  (import outside the device lock)
+
+    with device_lock(job):
+        result, compile_job = _run(job)
+    if compile_job is not None:
+        _compile_baseline(job, result, *compile_job)
+    return result
+
+
+def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
+    import torch
+
+    from opsynth.reward.timing import time_forward
+
+    try:
+        t0 = time.perf_counter()
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*buffers)  # compiles (CPU work) outside the lock; one forward on the device
+        print(f"[reference] torch.compile took {time.perf_counter() - t0:.1f} s", flush=True)
+        with device_lock(job), torch.no_grad():
+            result["compile_ms"], _ = time_forward(compiled, buffers, contents, timer, warmup, repeats)
+        print(f"[reference] compile {result['compile_ms']:.4f} ms", flush=True)
+    except Exception:
+        traceback.print_exc()
+        print("[reference] torch.compile baseline failed; reward 3 is out of reach", flush=True)
+
+
+def _run(job: dict):
+    """Reference outputs and the eager timing (under the device lock); returns (result, what the
+    compile baseline needs, or None)."""
+    import torch
+
+    from opsynth.render.task_file import load_task_module, with_second_shape
+    from opsynth.reward.compare import as_output_list
+    from opsynth.reward.timing import Timer, time_forward
+
+    if job.get("cpu_threads"):
+        torch.set_num_threads(int(job["cpu_threads"]))
+    device = job["device"]
+    source = open(job["task_path"]).read()
+    try:
+        mod = load_task_module(source)
+        init_inputs = list(mod.get_init_inputs())
+        torch.manual_seed(int(job["init_seed"]))
+        with torch.device(device):
+            model = mod.Model(*init_inputs)
+        model = model.to(device).eval()
+    except Exception:
+        traceback.print_exc()
+        return {"reason": "task_error"}, None
+
+    trials, outputs = [], []
+    with torch.no_grad():
+        for seed in job["trial_seeds"]:
+            inputs = _make_inputs(mod, int(seed), device)
+            out = as_output_list(model(*inputs))
+            if not all(isinstance(o, torch.Tensor) for o in out):
+                return {"reason": "task_error", "error": "Model output is not tensors"}, None
+            trials.append(_to_cpu(inputs))
+            outputs.append(_to_cpu(out))
+        second_inputs = second_outputs = None
+        if job.get("second_shape"):
+            src2 = with_second_shape(source)
+            if src2 is not None:
+                mod2 = load_task_module(src2, "task_module_second")
+                inputs = _make_inputs(mod2, int(job["second_seed"]), device)
+                second_inputs = _to_cpu(inputs)
+                second_outputs = _to_cpu(as_output_list(model(*inputs)))
+
+    meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
+    torch.save(init_inputs, job["init_path"])
+    torch.save(
+        {
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "trials": trials,
+            "second": second_inputs,
+        },
+        job["data_path"],
+    )
+    torch.save({"trials": outputs, "second": second_outputs}, job["ref_outputs_path"])
+    result = {
+        "reason": "ok",
+        "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
+        "has_second": second_inputs is not None,
+        "eager_ms": None,
+        "compile_ms": None,
+    }
+    if not job.get("measure_baselines"):
+        return result, None
+
+    warmup, repeats = job["timing"]
+    timer = Timer(device, job.get("flush_l2", True))
+    contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
+    buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
+    with torch.no_grad():
+        result["eager_ms"], _ = time_forward(model, buffers, contents, timer, warmup, repeats)
+        print(f"[reference] eager {result['eager_ms']:.4f} ms", flush=True)
+    if job.get("compile_baseline"):
+        return result, (model, buffers, contents, timer, warmup, repeats)
+    return result, None
+
+
+if __name__ == "__main__":
+    child_main(run)

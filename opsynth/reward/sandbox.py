@@ -1,0 +1,313 @@
+"""Child processes for untrusted work: one fresh, confined child per job, forked from a warm server.
+
+`run_child(module, job, scratch, timeout_s, cfg)` asks this process's fork server (one per process
+and settings, started on first use with a scrubbed environment) for a child that runs
+`module.run(job)`. The child is confined by `opsynth.reward.isolation` (it writes only to its own
+scratch folder, sees no network and no other process), gets rlimits, and is killed with everything
+it spawned when it outlives `timeout_s`. It writes its verdict to a JSON file; anything it prints
+becomes the log. A `build_handler` answers the child's requests to compile extensions: builds run
+in the trusted parent's build service, never in the candidate's own process (opsynth.reward.builds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOG_LIMIT = 20_000
+
+# What a child may inherit from the trainer's environment; everything else (HF_TOKEN, cloud keys,
+# the user's shell settings) stays behind. Matched by name or prefix.
+ENV_ALLOW = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "PYTORCH_NVCC", "TRITON_PTXAS_PATH", "TORCH_NO_COMPILER_WRAPPER"}
+ENV_ALLOW_PREFIX = ("CUDA_VISIBLE", "NVIDIA_", "CUBLAS_", "CUDNN_", "NCCL_NVLS", "TORCH_SYMM", "NVSHMEM_DISABLE")
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|^AWS_|^HF_|^HUGGING", re.IGNORECASE)
+
+
+@dataclass
+class ChildResult:
+    reason: str  # "ok", "timeout", "crashed", "isolation_failed", or the child's own named reason
+    data: dict = field(default_factory=dict)
+    log: str = ""
+    wall_s: float = 0.0
+
+
+def base_env(extra_path: list[str] = ()) -> dict[str, str]:
+    """The environment every child starts from: the allow-list above, never a secret."""
+    env = {k: v for k, v in os.environ.items() if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIX)) and not SECRET_NAME.search(k)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if extra_path:
+        env["PATH"] = os.pathsep.join([*extra_path, env["PATH"]])
+    py_path = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(py_path))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    # Keep freed blocks (up to 32 MiB) in the heap with their contents, so the poison the candidate
+    # runner writes into freed memory is what an unwritten output shows (glibc would otherwise unmap it).
+    env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
+    env["MALLOC_TRIM_THRESHOLD_"] = str(2**30)
+    return env
+
+
+def job_env(base: dict, scratch: Path, cpu_threads: int | None, extra: dict | None = None) -> dict:
+    """One job's environment: caches and temporary files inside its own scratch folder."""
+    env = dict(base)
+    env["HOME"] = str(scratch)
+    env["TMPDIR"] = str(scratch / "tmp")
+    env["TORCH_EXTENSIONS_DIR"] = str(scratch / "torch_extensions")
+    env["TRITON_CACHE_DIR"] = str(scratch / "triton")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
+    env["XDG_CACHE_HOME"] = str(scratch / "cache")
+    if cpu_threads:
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    env.update(extra or {})
+    return env
+
+
+# ---- the fork servers of this process -------------------------------------------------------------
+
+_servers: dict[tuple, object] = {}
+_servers_lock = threading.Lock()
+_isolation_checked: dict[str, tuple[bool, str]] = {}
+
+
+def isolation_enabled(mode: str) -> bool:
+    """Resolve `reward.isolation`: namespaces when they work here; refuse to run otherwise.
+
+    `none` runs children unconfined (a warning says so); `auto` and `namespaces` need the probe to
+    pass, or raise with one line saying what failed and how to opt out.
+    """
+    from opsynth.reward import isolation
+
+    if mode not in isolation.MODES:
+        raise ValueError(f"reward.isolation must be one of {isolation.MODES}, got {mode!r}")
+    if mode == "none":
+        warnings.warn("reward.isolation=none: candidate children can write to the evaluator's caches and code", stacklevel=2)
+        return False
+    with _servers_lock:
+        if "probe" not in _isolation_checked:
+            _isolation_checked["probe"] = isolation.probe()
+    ok, why = _isolation_checked["probe"]
+    if not ok:
+        raise RuntimeError(
+            f"cannot sandbox candidate children here ({why}); Linux mount/user namespaces are needed "
+            "(see README 'Reward isolation'); set reward.isolation=none to run unconfined"
+        )
+    return True
+
+
+def fork_server(env: dict):
+    """This process's fork server for an environment, started on first use and restarted if it died."""
+    from opsynth.reward.forkserver import ForkServer
+
+    key = tuple(sorted(env.items()))
+    with _servers_lock:
+        srv = _servers.get(key)
+        if srv is None or not srv.alive():
+            srv = ForkServer(env)
+            _servers[key] = srv
+        return srv
+
+
+def shutdown_servers() -> None:
+    with _servers_lock:
+        for srv in _servers.values():
+            srv.close()
+        _servers.clear()
+
+
+def _serve_builds(sock: socket.socket, handler: Callable[[dict], dict]) -> None:
+    """Answer one child's build requests (JSON lines) until it closes its end."""
+    f = sock.makefile("rwb")
+    try:
+        for line in f:
+            try:
+                reply = handler(json.loads(line))
+            except Exception as e:  # a harness error is the child's build error, never ours to raise
+                reply = {"ok": False, "error": f"build service error: {type(e).__name__}: {e}"}
+            f.write(json.dumps(reply).encode() + b"\n")
+            f.flush()
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            f.close()
+            sock.close()
+        except OSError:
+            pass
+
+
+def run_child(
+    module: str,
+    job: dict,
+    scratch: Path,
+    timeout_s: float,
+    cfg,
+    stdin_bytes: bytes | None = None,
+    build_handler: Callable[[dict], dict] | None = None,
+    writable: list[str] = (),
+    env_extra: dict | None = None,
+) -> ChildResult:
+    """Run `module.run(job)` in a fresh confined child; kill its whole process group on timeout.
+
+    stdin_bytes, when given, is streamed to the child's stdin (read by it when it is ready);
+    `writable` adds folders it may write besides its scratch (a build child's compiler cache).
+    """
+    scratch = Path(scratch)
+    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
+    job = dict(job, timeout_s=timeout_s)
+    job_path = scratch / f"job_{module.rsplit('.', 1)[-1]}_{job.get('mode', 'run')}.json"
+    job_path.write_text(json.dumps(job))
+    result_path = Path(job["result_path"])
+    result_path.unlink(missing_ok=True)
+    log_path = job_path.with_suffix(".log")
+    isolated = isolation_enabled(getattr(cfg, "isolation", "auto"))
+    base = base_env(getattr(cfg, "tool_path", None) or [])
+    srv = fork_server(base)
+    env = job_env(base, scratch, job.get("cpu_threads", getattr(cfg, "cpu_threads", None)), env_extra)
+    cache_dir = cfg.resolved_cache_dir()
+    req = {
+        "module": module,
+        "job_path": str(job_path),
+        "cwd": str(scratch),
+        "env": env,
+        "isolation": {
+            "enabled": isolated,
+            "writable": [str(scratch), *map(str, writable)],
+            "hidden": [str(cache_dir / "trust")] if (cache_dir / "trust").is_dir() else [],
+            "must_not_write": [str(cache_dir), str(REPO_ROOT), str(Path(sys.prefix))],
+        },
+    }
+    t0 = time.perf_counter()
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    r_in, w_in = os.pipe()
+    fds = {"stdin": r_in, "log": log_fd}
+    parent_sock = None
+    if build_handler is not None:
+        parent_sock, child_sock = socket.socketpair()
+        fds["build"] = child_sock.fileno()
+    try:
+        child = srv.spawn(req, fds)
+    except Exception as e:
+        for fd in (r_in, w_in, log_fd):
+            os.close(fd)
+        if parent_sock is not None:
+            parent_sock.close()
+            child_sock.close()
+        return ChildResult("crashed", {}, f"[sandbox] could not start the child: {e}", time.perf_counter() - t0)
+    finally:
+        pass
+    os.close(r_in)
+    os.close(log_fd)
+    if parent_sock is not None:
+        child_sock.close()
+        threading.Thread(target=_serve_builds, args=(parent_sock, build_handler), daemon=True).start()
+    feeder = threading.Thread(target=_feed, args=(w_in, stdin_bytes or b""), daemon=True)
+    feeder.start()
+    rc = srv.wait(child, timeout_s)
+    timed_out = rc is None
+    if timed_out:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        rc = srv.wait(child, 30)
+    child.close()
+    feeder.join(timeout=5)
+    wall = time.perf_counter() - t0
+    log = log_path.read_text(errors="replace")[-LOG_LIMIT:]
+    if timed_out:
+        return ChildResult("timeout", {}, log + f"\n[sandbox] killed after {timeout_s:.0f} s", wall)
+    if rc == 3 and "IsolationError" in log:
+        return ChildResult("isolation_failed", {}, log, wall)
+    if result_path.exists():
+        try:
+            data = json.loads(result_path.read_text())
+        except json.JSONDecodeError:
+            data = {"reason": "crashed"}
+        if not isinstance(data, dict):
+            data = {"reason": "crashed"}
+        return ChildResult(str(data.get("reason", "crashed")), data, log, wall)
+    how = f"signal {-rc}" if rc is not None and rc < 0 else f"exit code {rc}"
+    return ChildResult("crashed", {}, log + f"\n[sandbox] child ended with {how} and no verdict", wall)
+
+
+def _feed(fd: int, data: bytes) -> None:
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if data:
+                f.write(data)
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the child died or stopped reading; its verdict says why
+
+
+# ---- child side -------------------------------------------------------------------------------------
+
+
+def apply_limits(job: dict) -> None:
+    """Limits the child sets on itself before running untrusted code."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    timeout = float(job.get("timeout_s") or 600)
+    cpu = int(timeout * max(2, os.cpu_count() or 2)) + 60
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    fsize = 16 * 2**30
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    if job.get("device") == "cpu" and job.get("memory_limit_gb"):
+        # CUDA reserves terabytes of address space, so an address-space cap only fits the cpu backend.
+        cap = int(float(job["memory_limit_gb"]) * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def device_lock(job: dict):
+    """Exclusive use of the device for the timed and checked part of a child's work (the verifier's
+    lock: one per physical GPU, `opsynth.verify.timing.device_lock_path`)."""
+    from opsynth.verify.timing import file_lock
+
+    return file_lock(job.get("device_lock") or None)
+
+
+BUILD_FD: int | None = None  # the child's end of its build channel, when it has one
+
+
+def run_job(module: str, job_path: str, build_fd: int | None = None) -> None:
+    """Entry of a forked child: import the runner (already warm) and run it."""
+    import importlib
+
+    global BUILD_FD
+    BUILD_FD = build_fd
+    mod = importlib.import_module(module)
+    if hasattr(mod, "_T_IMPORT"):
+        mod._T_IMPORT = time.perf_counter()  # this child's start, not the fork server's
+    child_main(mod.run, job_path)
+
+
+def child_main(fn, job_path: str | None = None) -> None:
+    """Read the job, apply limits, call fn(job) -> dict, write the verdict, exit without teardown."""
+    job_path = Path(job_path or sys.argv[1])
+    job = json.loads(job_path.read_text())
+    apply_limits(job)
+    result_path = Path(job["result_path"])
+    try:
+        data = fn(job)
+    except BaseException as e:  # the verdict must be written whatever the untrusted code did
+        import traceback
+
+        traceback.print_exc()
+        data = {"reason": "crashed", "error": f"{type(e).__name__}: {e}"[:2000]}
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: untrusted atexit hooks and extension destructors

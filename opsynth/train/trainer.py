@@ -1,0 +1,197 @@
+"""GRPO training of a kernel-writing policy against the reward environment (TRL's GRPOTrainer).
+
+`train(settings)` takes plain values (no Hydra), so `pipelines/train.py`, tests and the H200
+benchmark share it: shards -> split/curriculum -> prompts -> policy -> GRPOTrainer whose reward
+function is the reward environment -> checkpoints, `metrics.jsonl`, `metrics.png`, `summary.json`.
+Under `accelerate launch` every rank runs this same function; TRL shards generation and rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from opsynth.train.data import select_tasks
+from opsynth.train.policy import PolicyConfig, load_policy
+from opsynth.train.prompts import KERNEL_BRIEF, prompt_record
+
+# GRPOConfig values we set unless the trainer config says otherwise. Asymmetric clipping
+# (0.2 / 0.28) follows CUDA-Agent (and DAPO's clip-higher); logging every step keeps the curve.
+GRPO_DEFAULTS: dict[str, Any] = {
+    "epsilon": 0.2,
+    "epsilon_high": 0.28,
+    "logging_steps": 1,
+    "report_to": "none",
+    "save_strategy": "steps",
+    "save_steps": 50,
+    "save_total_limit": 3,
+    "use_vllm": False,
+    "log_completions": False,
+}
+
+
+@dataclass
+class TrainSettings:
+    """Everything one training run needs, as plain values (Hydra's conf/train.yaml maps onto it)."""
+
+    shards: str
+    output_dir: str = "outputs/train"
+    hub_split: str = "train"
+    split: str = "train"
+    heldout_fraction: float = 0.1
+    curriculum: bool = False
+    max_num_ops: int | None = None
+    limit_tasks: int | None = None
+    resume: bool | str = False
+    seed: int = 0
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # GRPOConfig keyword arguments; `steps` is accepted for `max_steps`.
+    trainer: dict[str, Any] = field(default_factory=dict)
+    reward_workers: int | None = None  # candidates built in parallel per process (None: RewardConfig's default)
+    reward_env: dict[str, Any] = field(default_factory=dict)  # RewardConfig fields, if any
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainSettings":
+        d = dict(d)
+        d["policy"] = PolicyConfig.from_dict(d.get("policy"))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown training settings: {unknown}")
+        return cls(**d)
+
+
+def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
+    """A `trl.GRPOConfig` from the trainer settings, rejecting keys GRPOConfig does not have."""
+    import torch
+    from trl import GRPOConfig
+
+    kwargs = {**GRPO_DEFAULTS, **dict(settings.trainer)}
+    if "steps" in kwargs:
+        kwargs["max_steps"] = kwargs.pop("steps")
+    if use_cpu if use_cpu is not None else not torch.cuda.is_available():
+        # GRPOConfig defaults to bf16 and gradient checkpointing, both meant for GPUs.
+        kwargs.setdefault("bf16", False)
+        kwargs.setdefault("gradient_checkpointing", False)
+        kwargs["use_cpu"] = True
+    kwargs.setdefault("shuffle_dataset", not settings.curriculum)
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(kwargs) - names)
+    if unknown:
+        raise ValueError(f"GRPOConfig has no field(s) {unknown}")
+    return GRPOConfig(output_dir=settings.output_dir, seed=settings.seed, **kwargs)
+
+
+def reward_env_config(settings: TrainSettings):
+    """The reward environment's `RewardConfig`; `reward_workers` sets how many candidates build at once."""
+    from opsynth.reward.eval_types import RewardConfig
+
+    values = dict(settings.reward_env)
+    if settings.reward_workers:
+        values.setdefault("build_workers", settings.reward_workers)
+    cfg = RewardConfig.from_dict(values)  # unknown keys are an error
+    if settings.reward_workers and "measure_workers" not in values and not cfg.resolved_prebuild(cfg.resolved_device()):
+        cfg.measure_workers = settings.reward_workers  # without prebuild, candidates build in the measuring children
+    return cfg
+
+
+def resume_checkpoint(settings: TrainSettings) -> str | None:
+    """The checkpoint to resume from: an explicit path, or the newest one under the output dir."""
+    if not settings.resume:
+        return None
+    if isinstance(settings.resume, str) and settings.resume.lower() not in ("true", "last"):
+        return settings.resume
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(settings.output_dir) if os.path.isdir(settings.output_dir) else None
+
+
+def _checkpoint_step(path: str | None) -> int | None:
+    if not path:
+        return None
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        return int(json.load(f)["global_step"])
+
+
+def train(
+    settings: TrainSettings,
+    completion_to_candidate: Callable[[str], str] | None = None,
+    model_and_tokenizer: tuple[Any, Any] | None = None,
+    prompt_fn: Callable[[dict[str, Any]], Any] | None = None,
+) -> dict[str, Any]:
+    """Run GRPO; return the summary (also written to `<output_dir>/summary.json`).
+
+    `model_and_tokenizer` and `prompt_fn` let a caller bring its own policy and prompt layout (the
+    learning test does: a one-token policy picking among known candidates via
+    `completion_to_candidate`). By default the policy comes from `settings.policy`.
+    """
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from opsynth.train.metrics import MetricsJsonl, read_metrics
+    from opsynth.train.reward_fn import KernelReward
+
+    os.makedirs(settings.output_dir, exist_ok=True)
+    rows = select_tasks(
+        settings.shards, split=settings.split, heldout_fraction=settings.heldout_fraction,
+        curriculum=settings.curriculum, max_num_ops=settings.max_num_ops, limit=settings.limit_tasks,
+        hub_split=settings.hub_split,
+    )
+    if model_and_tokenizer is not None:
+        model, tokenizer = model_and_tokenizer
+        chat = False
+    else:
+        from accelerate import PartialState
+
+        # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.
+        with PartialState().main_process_first():
+            model, tokenizer, chat = load_policy(
+                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows]
+            )
+    records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat) for r in rows]
+    dataset = Dataset.from_list(records)
+
+    args = grpo_config(settings)
+    rank = int(os.environ.get("RANK", "0"))
+    reward_fn = KernelReward(
+        reward_env_config(settings),
+        completion_to_candidate=completion_to_candidate,
+        log_path=os.path.join(settings.output_dir, f"evaluations-rank{rank}.jsonl"),
+    )
+    checkpoint = resume_checkpoint(settings)
+    metrics_path = os.path.join(settings.output_dir, "metrics.jsonl")
+    if not checkpoint and os.path.exists(metrics_path) and rank == 0:
+        os.remove(metrics_path)  # a fresh run starts a fresh curve
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward_fn],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[MetricsJsonl(metrics_path, resume_step=_checkpoint_step(checkpoint))],
+    )
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    final_dir = os.path.join(settings.output_dir, "final")
+    trainer.save_model(final_dir)
+    summary: dict[str, Any] = {}
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(final_dir)
+        steps = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
+        summary = {
+            "output_dir": settings.output_dir,
+            "policy": settings.policy.name_or_path,
+            "tasks": len(rows),
+            "global_step": trainer.state.global_step,
+            "resumed_from": checkpoint,
+            "train_runtime_s": result.metrics.get("train_runtime"),
+            "first_reward": steps[0]["reward"] if steps else None,
+            "last_reward": steps[-1]["reward"] if steps else None,
+            "reward_by_step": [(s["step"], s["reward"]) for s in steps],
+            "evaluations": len(reward_fn.history),
+        }
+        with open(os.path.join(settings.output_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    return summary

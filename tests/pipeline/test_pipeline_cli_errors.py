@@ -1,0 +1,115 @@
+"""`python -m pipelines.generate` as a new user meets it: each mistake is one `error:` line on stderr
+naming the setting and what would be valid (exit 2, nothing written, no traceback); Ctrl-C is one
+line saying what was kept and that the same command resumes (exit 130); a first run prints no
+library chatter; a finished folder says "nothing to generate" and nothing else about writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from pipeline_cli import FAST, REPO, generate_cmd, run_env, run_generate, wait_gone
+
+from opsynth.shards import count_rows
+
+
+def _start(cmd, env) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# name -> (overrides, texts the error line must hold); output_dir is set per case
+CASES = {
+    "misspelled_key": (["n_task=5"], ["unknown setting 'n_task'", "did you mean 'n_tasks'?", "settings: "]),
+    "unknown_group_key": (["verify.bogus=1"], ["unknown setting 'verify.bogus'", "verify settings: ", "cpu_max_ms"]),
+    "unknown_group_option": (["verify=gpu"], ["verify=gpu is not an option", "auto, cpu, cuda"]),
+    "output_dir_is_a_file": ([], ["is a file, not a folder"]),
+    # verify=auto's YAML does not list max_tasks_per_worker: it passes; n_tasks=0 is what stops the run
+    "unlisted_dataclass_key_passes": (["verify=auto", "verify.max_tasks_per_worker=5", "n_tasks=0"],
+                                      ["invalid configuration: n_tasks must be >= 1"]),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, kernelbench_parquet):
+    """All cases at once (each pays a torch import); case -> (proc, stdout, stderr, output_dir)."""
+    root = tmp_path_factory.mktemp("cli_errors")
+    procs = {}
+    for name, (overrides, _) in CASES.items():
+        out = root / name
+        if name == "output_dir_is_a_file":
+            out.write_text("not a folder\n")
+        procs[name] = (_start(generate_cmd(out, *overrides), run_env(kernelbench_parquet)), out)
+    done = {}
+    for name, (proc, out) in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        done[name] = (proc, stdout, stderr, out)
+    return done
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_usage_error_is_one_line_naming_the_setting_exit_2(results, name):
+    proc, stdout, stderr, out = results[name]
+    assert proc.returncode == 2, (name, stdout, stderr)
+    assert "Traceback" not in stdout + stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    for text in CASES[name][1]:
+        assert text in lines[0], (name, lines[0])
+    if name == "output_dir_is_a_file":
+        assert str(out) in lines[0] and out.read_text() == "not a folder\n"
+    else:
+        assert not out.exists(), "nothing is written for a bad setting"
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_rows_says_so_and_the_same_command_resumes(tmp_path, kernelbench, marker):
+    out = tmp_path / "ds"
+    cmd = generate_cmd(out, "n_tasks=200", "flush_every=1", *FAST)
+    # own session, and SIGINT to the whole group: what a terminal's Ctrl-C does
+    proc = subprocess.Popen(cmd, cwd=REPO, env=run_env(kernelbench, marker), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None and not list((out / "data").glob("part-*.parquet")):
+        time.sleep(0.3)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stdout + stderr and "KeyboardInterrupt" not in stderr, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    rows = count_rows(out)
+    assert rows >= 1
+    assert lines == [f"interrupted: kept {rows} row(s) in {out}; run the same command again to resume from there"]
+    assert wait_gone(marker, timeout=30) == [], "Ctrl-C left processes behind"
+    state = json.loads((out / ".opsynth-state.json").read_text())
+    assert state["stats"]["accepted"] == rows and not state.get("finished")  # the resume point is on disk
+    resumed = run_generate(generate_cmd(out, f"n_tasks={rows + 1}", *FAST), run_env(kernelbench), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert count_rows(out) == rows + 1  # the resumed run went on from the kept rows
+    assert json.loads(resumed.stdout.splitlines()[-1])["accepted"] == rows + 1  # counts carry over
+
+
+@pytest.mark.slow
+def test_a_first_run_prints_only_what_the_user_needs_and_a_rerun_writes_nothing(tmp_path, kernelbench):
+    """Cold caches, as on a fresh clone: the catalog is mined (transformers' standalone-module
+    warnings) and matplotlib builds its font cache (an INFO line) on this run."""
+    env = run_env(kernelbench)
+    env.update(OPSYNTH_CACHE=str(tmp_path / "cache"), MPLCONFIGDIR=str(tmp_path / "mpl"))
+    out = tmp_path / "ds"
+    first = run_generate(generate_cmd(out, "n_tasks=2", *FAST), env, timeout=400)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "cache").is_dir() and (tmp_path / "mpl").is_dir(), "the caches were cold"
+    for noise in ("[transformers]", "xIELU", "AttentionInterface", "layer_idx", "font_manager", "fontManager"):
+        assert noise not in first.stdout + first.stderr, noise
+    assert first.stderr.strip().splitlines() == [f"wrote 1 shard(s) to {out}"]
+    summary = json.loads(first.stdout.strip().splitlines()[-1])
+    assert summary["accepted"] == 2
+
+    again = run_generate(generate_cmd(out, "n_tasks=2", *FAST), env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to generate" in again.stdout + again.stderr  # Hydra's console log is stdout
+    assert "wrote" not in again.stdout + again.stderr

@@ -1,0 +1,58 @@
+"""`python -m pipelines.evaluate`: a reward of -1 is a result (exit 0); a task or candidate that cannot
+be read or run is the caller's error (one line on stderr, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CHAIN = REPO / "tests" / "reward" / "candidates" / "tasks" / "chain.py"
+
+
+def _run(*args: str):
+    return subprocess.run([sys.executable, "-m", "pipelines.evaluate", *args, "reward.device=cpu"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _one_line_error(p, *needles):
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr[-2000:]
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_missing_candidate_file_is_a_usage_error(tmp_path):
+    _one_line_error(_run(f"task={CHAIN}", f"candidate={tmp_path / 'nope.py'}"), "candidate=", "no such file")
+
+
+def test_missing_task_file_is_a_usage_error(tmp_path):
+    _one_line_error(_run(f"task={tmp_path / 'nope.py'}", f"candidate={CHAIN}"), "task=", "no such file")
+
+
+def test_task_with_a_syntax_error_names_it(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("class Model(nn.Module:\n    pass\n")
+    _one_line_error(_run(f"task={bad}", f"candidate={CHAIN}"), "SyntaxError", "line 1")
+
+
+def test_task_missing_the_contract_names_what_is_missing(tmp_path):
+    t = tmp_path / "t.py"
+    t.write_text("import torch\nx = 1\n")
+    _one_line_error(_run(f"task={t}", f"candidate={CHAIN}"), "Model", "get_inputs")
+
+
+def test_a_candidate_without_code_is_a_result_not_an_error(tmp_path):
+    c = tmp_path / "completion.txt"
+    c.write_text("I would fuse these two operators, but here is no code.\n")
+    p = _run(f"task={CHAIN}", f"candidate={c}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["reward"] == -1 and out["reason"] == "no_code"
+
+
+def test_a_misspelled_reward_setting_suggests_the_right_one():
+    _one_line_error(_run(f"task={CHAIN}", f"candidate={CHAIN}", "reward.isolaton=none"), "isolaton", "isolation")

@@ -1,0 +1,180 @@
+"""Fast checks of the reward environment's pieces: extraction, static pre-check, comparison, rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from opsynth.reward import RewardConfig, extract_candidate
+from opsynth.reward.candidate import resolve_candidate
+from opsynth.reward.compare import judge_outputs
+from opsynth.reward.eval_types import reward_from_times
+from opsynth.reward.static_check import static_check
+from opsynth.render.task_file import with_second_shape
+
+CANDS = Path(__file__).parent / "candidates"
+PRELUDE = (CANDS / "cpu" / "ext_prelude.py").read_text()
+
+
+def cpu_candidate(name: str) -> str:
+    return PRELUDE + "\n" + (CANDS / "cpu" / f"{name}.py").read_text()
+
+
+# ---- extraction --------------------------------------------------------------------------------------
+
+def test_extract_takes_last_block_defining_model_new():
+    completion = (
+        "First a sketch:\n```python\nprint('draft')\n```\nThen the answer:\n"
+        "```python\nclass ModelNew:\n    pass\n```\nand some prose with ```inline``` ticks."
+    )
+    assert extract_candidate(completion) == "class ModelNew:\n    pass\n"
+
+
+def test_extract_handles_truncated_fence_and_no_code():
+    assert extract_candidate("```python\nclass ModelNew(nn.Module):\n    def f(self):") .startswith("class ModelNew")
+    assert extract_candidate("I cannot do that.") is None
+    assert extract_candidate("") is None
+    assert extract_candidate("```cpp\nint main(){}\n```") is None
+
+
+def test_resolve_workspace(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "add.cu").write_text("// kernel")
+    (tmp_path / "kernels" / "add_binding.cpp").write_text("// binding")
+    (tmp_path / "model_new.py").write_text("import cuda_extension\nclass ModelNew: pass\n")
+    spec = resolve_candidate(tmp_path)
+    assert spec.origin == "workspace"
+    assert set(spec.kernel_files) == {"add.cu", "add_binding.cpp"}
+    assert "import cuda_extension" in spec.source
+
+
+# ---- static pre-check --------------------------------------------------------------------------------
+
+STATIC_EXPECT = {
+    "fast": "ok",
+    "slow_linear": "ok",
+    "wrong": "ok",
+    "functional": "forbidden_op:F.relu",
+    "torch_compute": "forbidden_op:torch.abs",
+    "fallback": "reference_fallback",
+    "subclass_model": "uses_model",
+    "thread": "side_stream",
+    "timer_patch": "timer_patched",
+    "sync_patch": "timer_patched",
+    "lazy_subclass": "tensor_subclass",
+    # Only the dynamic checks can see these:
+    "cached": "ok",
+    "freed_memory": "ok",
+    "inplace": "ok",
+    "aten_in_cpp": "ok",
+    "low_precision": "ok",
+    "hardcoded_shape": "ok",
+    "not_launched": "ok",
+}
+
+
+@pytest.mark.parametrize("name,expected", sorted(STATIC_EXPECT.items()))
+def test_static_check(name, expected):
+    spec = resolve_candidate(cpu_candidate(name))
+    assert static_check(spec)[0] == expected
+
+
+def test_static_check_syntax_and_missing_class():
+    assert static_check(resolve_candidate("class ModelNew(:\n"))[0] == "syntax_error"
+    assert static_check(resolve_candidate("class ModelNew: pass\nx = (\n"))[0] == "syntax_error"
+    spec = resolve_candidate("```python\nclass Other: pass\n```")
+    assert static_check(spec)[0] == "no_model_new"
+
+
+def test_static_check_native_side_work():
+    src = PRELUDE.replace("#include <cmath>", "#include <cmath>\n#include <thread>\nstatic void bg(){ std::thread t([]{}); t.detach(); }")
+    src += "\n" + (CANDS / "cpu" / "fast.py").read_text()
+    assert static_check(resolve_candidate(src))[0] == "side_stream"
+
+
+# ---- comparison --------------------------------------------------------------------------------------
+
+def _judge(ref_trials, cand_trials, second=None, cand_second=None, timing=None):
+    ref = {"trials": ref_trials, "second": second}
+    cand = {"trials": cand_trials, "second": cand_second, "timing": timing}
+    return judge_outputs(ref, cand, RewardConfig())[0]
+
+
+def test_compare_reasons():
+    g = torch.Generator().manual_seed(0)
+    refs = [[torch.randn(8, 16, generator=g)] for _ in range(3)]
+    assert _judge(refs, [[r[0] + 1e-4] for r in refs]) == "ok"
+    assert _judge(refs, [[r[0] + 1.0] for r in refs]) == "incorrect"
+    assert _judge(refs, [[r[0] * 1.05] for r in refs]) == "low_precision"
+    assert _judge(refs, [[r[0].double()] for r in refs]) == "wrong_dtype"
+    assert _judge(refs, [[r[0].t()] for r in refs]) == "wrong_shape"
+    assert _judge(refs, [[torch.full_like(r[0], 0.3)] for r in refs]) == "near_constant_output"
+    nan = [[r[0].clone().index_fill_(0, torch.tensor([2]), float("nan"))] for r in refs]
+    assert _judge(refs, nan) == "uninitialized_output"
+    assert _judge(refs, [refs[0], refs[0], refs[0]]) == "output_cached"
+    # Outputs of the timed calls are checked too: a stale one there is a cache.
+    assert _judge(refs, refs, timing=[refs[0], refs[0], refs[2]]) == "output_cached"
+    # Second shape wrong while the first is right: shapes were hard-coded.
+    assert _judge(refs, refs, second=[torch.ones(3, 16)], cand_second=[torch.ones(4, 16)]) == "shape_hardcoded"
+
+
+def test_compare_near_zero_outputs_need_more_than_loose_tolerance():
+    # Reference values far below atol: any constant passes allclose, so the relative check decides.
+    refs = [[torch.randn(64, generator=torch.Generator().manual_seed(k)) * 1e-4] for k in range(2)]
+    assert _judge(refs, [[torch.zeros(64) + 1e-7 * k] for k in range(2)]) == "near_constant_output"
+    wrong_but_varied = [[torch.randn(64, generator=torch.Generator().manual_seed(k + 9)) * 1e-4] for k in range(2)]
+    assert _judge(refs, wrong_but_varied) == "incorrect"
+    assert _judge(refs, [[r[0] * 1.001] for r in refs]) == "ok"
+
+
+# ---- reward rule -------------------------------------------------------------------------------------
+
+def test_reward_rule_is_cuda_agents():
+    assert reward_from_times(0.90, 1.0, 1.0) == 3
+    assert reward_from_times(0.96, 1.0, 1.0) == 1  # within 5 %: not faster
+    assert reward_from_times(0.90, 1.0, 0.5) == 2
+    assert reward_from_times(1.5, 1.0, 0.5) == 1
+    assert reward_from_times(0.5, 1.0, None) == 2  # no compile baseline: 3 is out of reach
+
+
+def test_second_shape_rewrites_batch_size_only():
+    src = (CANDS / "tasks" / "chain.py").read_text()
+    new = with_second_shape(src)
+    assert "batch_size = 65" in new and "dim = 8192" in new
+    assert with_second_shape("x = 1\n") is None
+
+
+# ---- settings ----------------------------------------------------------------------------------------
+
+def test_reward_config_rejects_unknown_keys():
+    """A typo in conf/evaluate.yaml's reward block (or reward_env in training) must not pass silently."""
+    assert RewardConfig.from_dict({"measure_workers": 3}).measure_workers == 3
+    with pytest.raises(ValueError, match="unknown reward setting\\(s\\) \\['timeout_s'\\]"):
+        RewardConfig.from_dict({"timeout_s": 120})
+
+
+def test_per_device_defaults_leave_cores_to_the_compilers(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    cfg = RewardConfig()
+    # cuda: a top-level child per candidate (its builds go to the build service), one per core, then
+    # up to 8 measuring children; children fork from a warm server, so the second child is cheap
+    assert cfg.resolved_prebuild("cuda") and cfg.resolved_build_workers("cuda") == 16 and cfg.resolved_measure_workers("cuda") == 8
+    inline = RewardConfig(prebuild=False)
+    assert inline.resolved_measure_workers("cuda") == 16
+    # cpu: builds first (they would skew timings), half the cores, one measurement at a time
+    assert cfg.resolved_prebuild("cpu") and cfg.resolved_build_workers("cpu") == 8 and cfg.resolved_measure_workers("cpu") == 1
+    assert cfg.resolved_cpu_threads("cuda") == 2 and cfg.resolved_cpu_threads("cpu") is None
+    assert RewardConfig(cpu_threads=4, measure_workers=2).resolved_cpu_threads("cuda") == 4
+
+
+def test_training_keeps_the_rewards_build_workers_unless_told():
+    from opsynth.train.trainer import TrainSettings, reward_env_config
+
+    assert reward_env_config(TrainSettings(shards=".")).build_workers is None
+    assert reward_env_config(TrainSettings(shards=".", reward_workers=3)).build_workers == 3
+    assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"build_workers": 5})).build_workers == 5
+    # Without prebuild candidates build inside the measuring children, so those are what reward_workers bounds.
+    assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"device": "cuda", "prebuild": False})).measure_workers == 3
+    assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"device": "cpu"})).measure_workers is None
