@@ -465,9 +465,9 @@ class _Committer:
         r = sorted(self.ratios)
         if not r:
             return
-        q = lambda p: r[min(len(r) - 1, int(p * len(r)))]  # noqa: E731
         self.stats.cost_model = {"rows": len(r), "eager_over_predicted_median": statistics.median(r),
-                                 "p10": q(0.1), "p90": q(0.9), "near_edge_rows": self.near_edge}
+                                 "p10": r[int(0.1 * (len(r) - 1))], "p90": r[int(0.9 * (len(r) - 1))],
+                                 "near_edge_rows": self.near_edge}
 
     def _count_accepted(self, rec: dict, row: dict) -> None:
         self.ledger.append((int(row["seed"]), row["task_id"]))
@@ -628,9 +628,14 @@ def _check_folder(cfg: GenerateConfig, out: Path, state: dict) -> dict:
     from opsynth.shards.integrity import check_folder
 
     check = check_folder(out, ledger=_ledger(state), shards=state.get("shards"))
-    if check.ok:
+    line = None if check.ok else check.summary(out)
+    if check.ok and _ledger(state) is None and "stats" in state:  # a state from before the ledger
+        counted = int(state["stats"].get("accepted", 0)) + int(state["stats"].get("adopted_rows", 0))
+        if counted != len(check.rows):
+            line = (f"{out}: the state file counts {counted} rows but the shards hold {len(check.rows)} "
+                    "(and it has no row ledger to tell which are gone)")
+    if line is None:
         return state
-    line = check.summary(out)
     if not cfg.repair:
         raise DatasetFolderError(f"{line}. Rerun with repair=true to regenerate exactly the missing seeds "
                                  "(damaged files are moved to .opsynth-damaged/), or use another output_dir")

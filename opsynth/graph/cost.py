@@ -78,7 +78,7 @@ class _Recorder(TorchDispatchMode):
         if formula is not None:
             try:
                 flops = float(formula(*args, **kwargs, out_val=out))
-            except Exception:  # a formula that does not cover this overload: count bytes only
+            except Exception:  # noqa: BLE001 - a formula that does not cover this overload: count bytes only
                 flops = 0.0
         self.kernels.append(Kernel(_kernel_name(name, args), flops, float(b_in + b_out),
                                    float(sum(t.numel() for t in outs))))

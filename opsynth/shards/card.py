@@ -155,16 +155,16 @@ def _checks_section(stats: RunStats) -> list[str]:
                       "without a clock).")
     out.append(sizes)
     out += ["", _table(["check", "how", "exact?"], [
-        ["runtime band", f"eager median, timed with {clock}, inside [{lo} x (1 + {m}), {hi} x (1 - {m})] ms for the "
-                         f"promised [{lo}, {hi}] ms; a first timing within {v.get('recheck_zone')}x of an edge is "
-                         f"repeated ({v.get('recheck_timings')} timings, median decides)", "a measurement"],
+        ["runtime band", (f"eager median, timed with {clock}, inside [{lo} x (1 + {m}), {hi} x (1 - {m})] ms for the "
+                          f"promised [{lo}, {hi}] ms; a first timing within {v.get('recheck_zone')}x of an edge is "
+                          f"repeated ({v.get('recheck_timings')} timings, median decides)"), "a measurement"],
         ["finite, not constant", "no NaN or Inf; not every element equal to the first", "bitwise"],
-        ["deterministic", f"two forwards on the same inputs agree within atol {v.get('det_atol')}, "
-                          f"rtol {v.get('det_rtol')}", "tolerance (cuDNN algorithms and atomics may reorder sums)"],
+        ["deterministic", (f"two forwards on the same inputs agree within atol {v.get('det_atol')}, "
+                           f"rtol {v.get('det_rtol')}"), "tolerance (cuDNN algorithms and atomics may reorder sums)"],
         ["input-sensitive", f"outputs for two random inputs differ beyond atol {v.get('atol')}, rtol {v.get('rtol')}",
          "tolerance"],
-        ["`torch.compile` matches eager", f"within atol {v.get('atol')}, rtol {v.get('rtol')} on two inputs "
-                                          f"(backend `{v.get('compile_backend')}`)", "tolerance"],
+        ["`torch.compile` matches eager", (f"within atol {v.get('atol')}, rtol {v.get('rtol')} on two inputs "
+                                           f"(backend `{v.get('compile_backend')}`)"), "tolerance"],
     ])]
     return out
 

@@ -25,7 +25,14 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from opsynth.shards.schema import check_schema
-from opsynth.shards.writer import DATA_DIR, ShardWriter, _fsync_dir, _FolderLock, group_shards, part_name
+from opsynth.shards.writer import (
+    DATA_DIR,
+    ShardWriter,
+    _FolderLock,
+    _fsync_dir,
+    group_shards,
+    part_name,
+)
 
 REWRITE_DIR = ".opsynth-rewrite"
 OLD_DATA_DIR = ".opsynth-data-old"
@@ -47,7 +54,7 @@ def read_ids(path: Path) -> list[tuple[int, str]]:
         pf = pq.ParquetFile(path)
         check_schema(pf.schema_arrow, f" ({path})")
         table = pf.read(columns=["seed", "task_id"])
-    except Exception as e:  # ArrowInvalid, OSError, a schema ValueError: all mean "not a shard of ours"
+    except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, a schema ValueError: "not a shard of ours"
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ShardUnreadable(path, f"unreadable ({type(e).__name__}: {why})") from None
     return list(zip(table.column("seed").to_pylist(), table.column("task_id").to_pylist()))

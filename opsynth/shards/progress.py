@@ -7,7 +7,8 @@ card will later print.
 from __future__ import annotations
 
 import time
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 from tqdm.auto import tqdm
 

@@ -153,13 +153,14 @@ class VerifyConfig:
 
     def rates(self, device: str):
         """The cost model's reference rates on ``device`` ("cpu" or "cuda")."""
-        from opsynth.graph.cost import Rates
-
-        from opsynth.graph.cost import SLOWDOWN
+        from opsynth.graph.cost import SLOWDOWN, Rates
 
         kind = "cpu" if device == "cpu" else "cuda"
         p = "cpu_" if kind == "cpu" else ""
-        g = lambda k: float(getattr(self, p + k))  # noqa: E731
+
+        def g(k: str) -> float:
+            return float(getattr(self, p + k))
+
         return Rates(g("cost_tflops") * 1e12, g("cost_gbps") * 1e9, g("cost_gelems") * 1e9,
                      g("cost_kernel_us") * 1e-6, tuple(sorted(SLOWDOWN[kind].items())))
 

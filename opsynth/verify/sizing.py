@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsynth.graph import OpGraph
-from opsynth.graph.cost import GraphCost, Rates, predict_ms, replay_cost, with_batch
+from opsynth.graph.cost import GraphCost, predict_ms, replay_cost
 
 from .config import VerifyConfig
 
@@ -156,14 +156,4 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
     return SizeChoice(batch, target, p, peak_mb)
 
 
-def sized_graph(graph: OpGraph, choice: SizeChoice) -> OpGraph:
-    return with_batch(graph, choice.batch)
-
-
-def rates_record(cfg: VerifyConfig, device: str) -> dict[str, float]:
-    """The reference rates as the state file and the card print them."""
-    return cfg.rates(device).to_dict()
-
-
-__all__ = ["SizeChoice", "choose_batch", "draw_target_ms", "rates_record", "sized_graph", "target_window",
-           "Rates"]
+__all__ = ["MEM_SHARE", "SizeChoice", "choose_batch", "draw_target_ms", "target_window"]

@@ -8,7 +8,14 @@ import pytest
 
 from opsynth.catalog import load_catalog
 from opsynth.graph import OpGraph, Sampler, SamplerConfig
-from opsynth.graph.cost import Rates, graph_batch, kernel_class, predict_ms, replay_cost, with_batch
+from opsynth.graph.cost import (
+    Rates,
+    graph_batch,
+    kernel_class,
+    predict_ms,
+    replay_cost,
+    with_batch,
+)
 from opsynth.render import render_task
 from opsynth.render.task_file import read_batch_size
 

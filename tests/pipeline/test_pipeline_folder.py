@@ -14,12 +14,13 @@ import json
 import threading
 
 import pytest
+import test_pipeline_driver as driver
 from pipeline_cli import generate_cmd, run_env, run_generate
-from test_pipeline_driver import _cfg, fake, tasks  # noqa: F401  (fixtures)
 
 from opsynth import pipeline
 from opsynth.shards import count_rows, read_rows
 
+fake, tasks = driver.fake, driver.tasks  # the stand-in's fixtures
 N = 10
 ROWS_PER_SHARD = 3  # 10 rows: 4 shards, so one can go missing in the middle
 
@@ -43,7 +44,7 @@ def _run(cfg, seconds=120):
 
 
 def _config(out, n=N, **kw):
-    cfg = _cfg(out, n, rows_per_shard=ROWS_PER_SHARD, **kw)
+    cfg = driver._cfg(out, n, rows_per_shard=ROWS_PER_SHARD, **kw)
     cfg.write_card = True
     return cfg
 

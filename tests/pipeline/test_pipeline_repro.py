@@ -73,8 +73,10 @@ def test_same_seed_same_rows_under_timing_noise(two_runs):
     assert sa["ledger"] == sb["ledger"] and sa["next_index"] == sb["next_index"]
     assert sa["stats"]["rejected"] == sb["stats"]["rejected"]
     ra, rb = (json.loads((o / "report.json").read_text())["run"] for o in (a, b))
-    assert ra["measured_peaks"] and ra["reference_rates"]["device_kind"] == "cpu"
-    assert ra["cost_model"]["rows"] == N_TASKS
+    for r in (ra, rb):  # each run measured the device once and summed up the cost model
+        assert r["measured_peaks"] and r["reference_rates"]["device_kind"] == "cpu"
+        assert r["cost_model"]["rows"] == N_TASKS
+    assert ra["reference_rates"] == rb["reference_rates"]
 
 
 @pytest.mark.slow
@@ -82,7 +84,7 @@ def test_rows_hold_when_re_measured_in_a_fresh_process(two_runs, tmp_path):
     out_json = tmp_path / "recheck.json"
     proc = subprocess.run([sys.executable, "benchmarks/recheck_gpu.py", str(two_runs[0]), "--device", "cpu",
                            "--sample", "20", "--repeats", "10", "--out", str(out_json)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(out_json.read_text())
     assert rep["device"] == "cpu" and rep["rows_checked"] == 20 and len(rep["rows"]) == 20

@@ -7,8 +7,15 @@ from __future__ import annotations
 import os
 
 from opsynth.shards import ShardWriter, read_rows
-from opsynth.shards.integrity import (DAMAGED_DIR, REWRITE_DIR, check_folder, finish_rewrite, read_rows_of,
-                                      rewrite_shards, set_aside)
+from opsynth.shards.integrity import (
+    DAMAGED_DIR,
+    REWRITE_DIR,
+    check_folder,
+    finish_rewrite,
+    read_rows_of,
+    rewrite_shards,
+    set_aside,
+)
 
 
 def _folder(tmp_path, make_row, n=7, per_shard=3):
@@ -23,13 +30,13 @@ def _folder(tmp_path, make_row, n=7, per_shard=3):
 
 
 def test_a_healthy_folder_checks_out(tmp_path, make_row):
-    out, rows, files, ledger, shards = _folder(tmp_path, make_row)
+    out, _rows, files, ledger, shards = _folder(tmp_path, make_row)
     check = check_folder(out, ledger, shards)
     assert check.ok and check.rows == ledger and check.readable == files
 
 
 def test_truncated_deleted_and_foreign_shards_are_named(tmp_path, make_row):
-    out, rows, files, ledger, shards = _folder(tmp_path, make_row)
+    out, _rows, files, ledger, shards = _folder(tmp_path, make_row)
     files[0].write_bytes(files[0].read_bytes()[:40])  # truncated
     files[2].unlink()  # the last one: no gap shows it, the shard list does
     check = check_folder(out, ledger, shards)
@@ -45,14 +52,14 @@ def test_truncated_deleted_and_foreign_shards_are_named(tmp_path, make_row):
 
 
 def test_a_middle_gap_is_named_even_without_a_shard_list(tmp_path, make_row):
-    out, rows, files, ledger, _ = _folder(tmp_path, make_row)
+    out, _rows, files, ledger, _ = _folder(tmp_path, make_row)
     files[1].unlink()
     check = check_folder(out, ledger)
     assert [(i.name, i.problem) for i in check.issues] == [("data/part-00001.parquet", "missing")]
 
 
 def test_rewrite_replaces_the_shards_and_set_aside_keeps_the_damaged_file(tmp_path, make_row):
-    out, rows, files, ledger, shards = _folder(tmp_path, make_row)
+    out, rows, files, _ledger, _shards = _folder(tmp_path, make_row)
     files[1].write_bytes(b"garbage")
     moved = set_aside(out, f"data/{files[1].name}")
     assert moved == out / DAMAGED_DIR / files[1].name and moved.read_bytes() == b"garbage"
@@ -63,7 +70,7 @@ def test_rewrite_replaces_the_shards_and_set_aside_keeps_the_damaged_file(tmp_pa
 
 
 def test_an_interrupted_rewrite_is_finished_or_discarded(tmp_path, make_row):
-    out, rows, files, ledger, shards = _folder(tmp_path, make_row)
+    out, rows, _files, _ledger, _shards = _folder(tmp_path, make_row)
     # Crash before the new shards were complete: discarded, data/ untouched.
     (out / REWRITE_DIR / "data").mkdir(parents=True)
     (out / REWRITE_DIR / "data" / "part-00000.parquet").write_bytes(b"half")
