@@ -30,12 +30,14 @@ _FREE = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "empty", "
 
 @dataclass(frozen=True)
 class Kernel:
-    """One aten call that does work: its name, FLOPs, bytes read and written, elements produced."""
+    """One aten call that does work: its name, FLOPs, bytes read and written, elements produced,
+    and the elements of the largest tensor it touches."""
 
     name: str
     flops: float
     bytes: float
     elements: float
+    numel: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,11 @@ class GraphCost:
     kernels: tuple[Kernel, ...]
     persistent_bytes: float  # inputs and parameters, alive for the whole forward
     peak_bytes: float  # persistent + the largest (inputs + outputs) of any one kernel
+
+    @property
+    def max_numel(self) -> float:
+        """Elements of the largest tensor any kernel reads or writes."""
+        return max((k.numel for k in self.kernels), default=0.0)
 
     @property
     def flops(self) -> float:
@@ -81,7 +88,8 @@ class _Recorder(TorchDispatchMode):
             except Exception:  # noqa: BLE001 - a formula that does not cover this overload: count bytes only
                 flops = 0.0
         self.kernels.append(Kernel(_kernel_name(name, args), flops, float(b_in + b_out),
-                                   float(sum(t.numel() for t in outs))))
+                                   float(sum(t.numel() for t in outs)),
+                                   float(max((t.numel() for t in ins + outs), default=0))))
         self.largest = max(self.largest, float(b_in + b_out))
         return out
 
@@ -172,6 +180,46 @@ def replay_cost(graph: OpGraph, catalog, batch: int | None = None) -> GraphCost:
             warnings.simplefilter("ignore")  # e.g. losses' reduction notices: meta replay is not the task
             env[n] = apply(spec, env[src], d["params"], operand=other, module=module)
     return GraphCost(graph_batch(graph), tuple(rec.kernels), persistent, persistent + rec.largest)
+
+
+class AffineCost:
+    """A graph's cost at any batch size from replays at two: every count of every kernel is affine
+    in the batch size (each tensor's size is, by the batch-independence the sampler checks), so
+    two replays determine them all; a third, far away, confirms it (else :meth:`fit` gives None and
+    the caller replays each batch size it needs)."""
+
+    def __init__(self, a: GraphCost, b: GraphCost):
+        self.b0 = a.batch
+        d = b.batch - a.batch
+        self.names = [k.name for k in a.kernels]
+        self.base = [(k.flops, k.bytes, k.elements, k.numel) for k in a.kernels]
+        self.slope = [tuple((y - x) / d for x, y in zip(ka, kb)) for ka, kb in
+                      zip(self.base, [(k.flops, k.bytes, k.elements, k.numel) for k in b.kernels])]
+        self.persistent = (a.persistent_bytes, (b.persistent_bytes - a.persistent_bytes) / d)
+
+    @classmethod
+    def fit(cls, replay, b0: int) -> "AffineCost | None":
+        """From ``replay(batch) -> GraphCost | None`` at b0, b0 + 1024 and b0 + 2**20 + 7."""
+        points = [replay(b) for b in (b0, b0 + 1024, b0 + (1 << 20) + 7)]
+        if any(p is None for p in points) or len({tuple(k.name for k in p.kernels) for p in points}) != 1:
+            return None
+        model = cls(points[0], points[1])
+        got, want = model.at(points[2].batch), points[2]
+        exact = all(_close(x, y) for kg, kw in zip(got.kernels, want.kernels)
+                    for x, y in zip((kg.flops, kg.bytes, kg.elements, kg.numel),
+                                    (kw.flops, kw.bytes, kw.elements, kw.numel)))
+        return model if exact and _close(got.peak_bytes, want.peak_bytes) else None
+
+    def at(self, batch: int) -> GraphCost:
+        t = batch - self.b0
+        kernels = tuple(Kernel(n, *(x + s * t for x, s in zip(base, slope)))
+                        for n, base, slope in zip(self.names, self.base, self.slope))
+        persistent = self.persistent[0] + self.persistent[1] * t
+        return GraphCost(batch, kernels, persistent, persistent + max((k.bytes for k in kernels), default=0.0))
+
+
+def _close(x: float, y: float) -> bool:
+    return abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1.0)
 
 
 # Kernel classes whose speed differs from a plain roofline at the device's rates.

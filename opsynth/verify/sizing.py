@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsynth.graph import OpGraph
-from opsynth.graph.cost import GraphCost, predict_ms, replay_cost
+from opsynth.graph.cost import AffineCost, GraphCost, predict_ms, replay_cost
 
 from .config import VerifyConfig
 
@@ -38,6 +38,8 @@ MEM_SHARE = 0.5
 # BatchNorm in training mode (the task's default) needs two rows; the sampler's floor is 2 as well.
 MIN_BATCH = 2
 MAX_BATCH = 1 << 24
+# Tensors stay under 2**31 elements: past it some kernels need 64-bit indexing they do not have.
+MAX_NUMEL = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -81,20 +83,25 @@ def draw_target_ms(seed: int, cfg: VerifyConfig, device: str) -> float:
 
 
 class _Costs:
-    """Memoised replays of one graph at several batch sizes (None where the replay raises: that
-    batch size does not work for these operators)."""
+    """The graph's cost by batch size: from an affine fit of three replays when the counts are
+    affine (almost always), else from a memoised replay per batch size (None where the replay
+    raises: that batch size does not work for these operators)."""
 
     def __init__(self, graph: OpGraph, catalog):
         self.graph, self.catalog = graph, catalog
         self._cache: dict[int, GraphCost | None] = {}
+        self.affine = AffineCost.fit(self.replay, MIN_BATCH)
 
-    def __call__(self, batch: int) -> GraphCost | None:
+    def replay(self, batch: int) -> GraphCost | None:
         if batch not in self._cache:
             try:
                 self._cache[batch] = replay_cost(self.graph, self.catalog, batch)
             except Exception:  # noqa: BLE001 - an operator that refuses this shape
                 self._cache[batch] = None
         return self._cache[batch]
+
+    def __call__(self, batch: int) -> GraphCost | None:
+        return self.affine.at(batch) if self.affine is not None else self.replay(batch)
 
 
 def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: str) -> SizeChoice:
@@ -112,7 +119,7 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
 
     def fits(b: int) -> bool:
         c = costs(b)
-        return c is not None and c.peak_bytes <= cap
+        return c is not None and c.peak_bytes <= cap and c.max_numel <= MAX_NUMEL
 
     # Largest batch within the memory budget (peak memory grows with the batch), by doubling then
     # bisection; runtime grows with the batch too, so the same search finds the target.
@@ -143,8 +150,12 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
     if (batch > MIN_BATCH and pred(batch - 1) >= lo
             and abs(math.log(pred(batch - 1) / target)) < abs(math.log(pred(batch) / target))):
         batch -= 1
-    p = pred(batch)
-    peak_mb = costs(batch).peak_bytes / 2**20
+    final = costs.replay(batch)  # the chosen size, replayed: what is reported is what was counted
+    if final is None:
+        return SizeChoice(batch, target, math.inf, math.inf, "size_error",
+                          f"the operators do not run at batch_size {batch} (replayed on meta tensors)")
+    p = max(predict_ms(final, rates), 1e-9)
+    peak_mb = final.peak_bytes / 2**20
     if p < lo:
         why = ("the memory budget allows no larger batch_size" if batch == top and top < MAX_BATCH
                else "the prediction does not grow with batch_size")

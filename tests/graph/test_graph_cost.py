@@ -76,3 +76,24 @@ def test_the_class_slowdown_scales_its_kernels(catalog):
     cost = replay_cost(g, catalog)
     fast, slow = Rates(1e12, 1e15, 1e15, 0.0), Rates(1e12, 1e15, 1e15, 0.0, (("mm", 3.0),))
     assert predict_ms(cost, slow) == pytest.approx(3 * predict_ms(cost, fast), rel=1e-3)
+
+
+def test_the_affine_fit_gives_the_replayed_counts_at_any_batch(catalog):
+    from opsynth.graph.cost import AffineCost
+
+    sampler = Sampler(SamplerConfig(scale=0.1), catalog)
+    fitted = 0
+    for seed in range(10):
+        g = sampler.sample(seed).graph
+        model = AffineCost.fit(lambda b, g=g: replay_cost(g, catalog, b), 2)
+        if model is None:
+            continue
+        fitted += 1
+        for b in (3, 77, 5000):
+            got, want = model.at(b), replay_cost(g, catalog, b)
+            assert [k.name for k in got.kernels] == [k.name for k in want.kernels]
+            for kg, kw in zip(got.kernels, want.kernels):
+                assert (kg.flops, kg.bytes, kg.elements, kg.numel) == pytest.approx(
+                    (kw.flops, kw.bytes, kw.elements, kw.numel), rel=1e-9)
+            assert got.peak_bytes == pytest.approx(want.peak_bytes, rel=1e-9)
+    assert fitted >= 8
