@@ -207,13 +207,14 @@ class Child:
 
 
 def read_rows(folder: Path) -> list[dict]:
-    import pyarrow.parquet as pq
+    """The folder's rows (the shard reader picks each shard's current file, finalized or not)."""
+    sys.path.insert(0, str(REPO))
+    from opsynth.shards import read_rows as read
 
-    files = sorted((folder / "data").glob("*.parquet"))
-    if not files:
-        raise SystemExit(f"error: no shards under {folder / 'data'}")
-    cols = ["task_id", "seed", "ops", "code", "eager_ms", "device"]
-    return [r for f in files for r in pq.read_table(f, columns=cols).to_pylist()]
+    rows = read(folder, columns=["task_id", "seed", "ops", "code", "eager_ms", "device"])
+    if not rows:
+        raise SystemExit(f"error: no rows under {folder / 'data'}")
+    return rows
 
 
 def promised(folder: Path, device: str, args) -> tuple[tuple[float, float], dict]:
