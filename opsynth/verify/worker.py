@@ -127,6 +127,11 @@ class Worker:
             key = "cpu"
         self.lock_file = lock_path(key, cfg.lock_dir) if cfg.serialize_timing else None
         self._lock_depth = 0
+        # What this request spent where: [kind, start, end] in wall-clock seconds (comparable across
+        # the processes of one host), kinds "checks", "compile", "timing"; and the lock wait.
+        self.sections: list[list] = []
+        self.lock_wait_s = 0.0
+        self._compiling = False
         if cfg.preload_compiler:  # once per worker, rather than inside the first task's timeout
             import torch._dynamo  # noqa: F401
             import torch._inductor.compile_fx  # noqa: F401
@@ -163,16 +168,26 @@ class Worker:
             finally:
                 self._lock_depth -= 1
 
-    def _time(self, fn) -> tuple[float, int]:
+    def _time(self, fn, since: float) -> tuple[float, int]:
+        """Median of ``fn``; the time from ``since`` to here is recorded as the request's checks
+        (or compile) section, the timed runs as its timing section."""
         c = self.cfg
+        asked = time.time()
+        self.sections.append(["compile" if self._compiling else "checks", since, asked])
         with self.timing_lock():
-            return median_ms(fn, self.device, c.warmup, c.repeats, c.min_repeats, c.timing_budget_ms)
+            start = time.time()
+            self.lock_wait_s += start - asked
+            try:
+                return median_ms(fn, self.device, c.warmup, c.repeats, c.min_repeats, c.timing_budget_ms)
+            finally:
+                self.sections.append(["timing", start, time.time()])
 
     # --- requests -------------------------------------------------------------------------------
     def eager(self, source: str) -> dict[str, Any]:
         from . import checks as C
 
         torch, dev, c = self.torch, self.device, self.cfg
+        t0 = time.time()
         mod = C.load_task(source)
         probe = MemoryProbe(dev)
         probe.start()
@@ -202,7 +217,7 @@ class Worker:
                 model(*inputs)
 
         try:
-            eager_ms, n = self._time(run)
+            eager_ms, n = self._time(run, t0)
         except BaseException as exc:  # noqa: BLE001
             raise C.classify(exc, "eager_error") from None
         return {"eager_ms": eager_ms, "timed_runs": n, "peak_mem_mb": peak / 2**20, "outputs": spec}
@@ -217,6 +232,7 @@ class Worker:
             import torch._inductor.compile_fx  # noqa: F401
 
             protocol.send(self.resp_fd, {"event": "resume"})
+        t0 = time.time()
         torch._dynamo.reset()
         mod = C.load_task(source)
         model = C.build_model(mod, dev)
@@ -244,7 +260,7 @@ class Worker:
                 compiled(*inputs)
 
         try:
-            compile_ms, n = self._time(run)
+            compile_ms, n = self._time(run, t0)
         except BaseException as exc:  # noqa: BLE001
             raise C.classify(exc, "compile_error") from None
         return {"compile_ms": compile_ms, "compile_s": compile_s, "timed_runs": n}
@@ -254,9 +270,13 @@ class Worker:
 
         op = msg.get("op")
         reply: dict[str, Any]
+        self.sections, self.lock_wait_s, self._compiling = [], 0.0, op == "compile"
+        started = time.time()
         try:
             ctx = self.timing_lock() if msg.get("exclusive") else nullcontext()
             with ctx:
+                if msg.get("exclusive"):  # the whole request holds the device: count its wait
+                    self.lock_wait_s, started = time.time() - started, time.time()
                 if op == "eager":
                     data = self.eager(msg["source"])
                 elif op == "compile":
@@ -269,6 +289,9 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - a bug in the verifier, reported, not raised
             rej = C.classify(exc, "worker_error")
             reply = {"ok": False, "reason": rej.reason, "evidence": rej.evidence}
+        if not any(k != "timing" for k, _, _ in self.sections):  # rejected before timing
+            self.sections.insert(0, ["compile" if self._compiling else "checks", started, time.time()])
+        reply["sections"], reply["lock_wait_s"] = self.sections, self.lock_wait_s
         reply["recycle"] = reply["reason"] in RECYCLE_REASONS or not self._healthy()
         reply["event"] = "reply"
         return reply

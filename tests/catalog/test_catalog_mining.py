@@ -67,3 +67,29 @@ def test_cli_text_lists_categories():
     out = subprocess.run([sys.executable, "-m", "opsynth.catalog", "--no-transformers"], capture_output=True,
                          text=True, check=True, timeout=300)
     assert "convolution (" in out.stdout and "operators in" in out.stdout
+
+
+def test_operators_that_give_nan_on_some_inputs_are_not_called_random(catalog):
+    """log, sqrt, acos of a negative entry is NaN on every run: a domain issue for the verifier's
+    finiteness check, not randomness (NaN != NaN once made all of them look stochastic)."""
+    for name in ("torch.log", "torch.sqrt", "torch.rsqrt", "torch.pow", "torch.acos"):
+        assert name in catalog, catalog.excluded.get(name)
+    # a name that merely starts like a random sampler's is not excluded for it
+    assert "F.normalize" in catalog and "F.poisson_nll_loss" in catalog
+    assert "random" in catalog.excluded["torch.poisson"]
+
+
+def test_dtype_changing_operators_are_left_out(catalog):
+    assert "torch.float_power" not in catalog  # float64 output: the next float32 weight rejects it
+
+
+def test_docstring_signature_recovers_an_overload_the_overrides_hide(catalog):
+    from opsynth.catalog.mine import docstring_params
+
+    import torch
+
+    assert [p.name for p in docstring_params(torch.logsumexp)] == ["input", "dim", "keepdim"]
+    assert docstring_params(len) == []
+    spec = catalog["torch.logsumexp"]
+    assert spec.required == ("dim",) and spec.category == "reduction"
+    assert catalog["torch.movedim"].ranks == (3, 4, 5)  # needs two non-batch dimensions

@@ -104,3 +104,20 @@ def test_progress_bar_shows_accepted_rejected_and_rate():
     text = buf.getvalue()
     assert "8/20" in text  # 5 rows from an earlier run + 3 accepted now
     assert "rejected=1" in text and "accept_rate=75%" in text and "cand/min=" in text
+
+
+def test_diversity_counts_distinct_sequences_and_signatures_per_block():
+    from opsynth.shards.report import diversity
+
+    rows = [{"ops": ["nn.Conv2d", "torch.relu"], "sig": "a"}, {"ops": ["nn.Conv2d", "torch.relu"], "sig": "b"},
+            {"ops": ["nn.Linear"], "sig": "c"}, {"ops": ["nn.Conv2d", "torch.relu"], "sig": "a"},
+            {"ops": ["torch.tanh"], "sig": "d"}]
+    d = diversity(rows, signature_of=lambda r: r["sig"], block=2)
+    assert d["distinct_op_sequences"] == 3 and d["distinct_graph_signatures"] == 4
+    assert d["distinct_op_sequences_per_1000_rows"] == 600.0
+    assert d["distinct_graph_signatures_per_1000_rows"] == 800.0
+    assert d["new_op_sequences_per_block"] == [1, 1, 1]
+    assert d["new_graph_signatures_per_block"] == [2, 1, 1]
+    no_sig = diversity(rows)
+    assert no_sig["distinct_graph_signatures"] is None and no_sig["distinct_op_sequences"] == 3
+    assert diversity([])["distinct_op_sequences_per_1000_rows"] is None
