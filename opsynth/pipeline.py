@@ -145,7 +145,7 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 vcfg.cuda_devices = [gpu]
             if not vcfg.n_workers:
                 vcfg.n_workers = _worker_threads()
-            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg))
+            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg), gpu=gpu)
             if not _CTX.get("atexit"):
                 import atexit
 
@@ -226,7 +226,7 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
             return rec
     res = ctx["pool"].verify(src)
     stage_s.update(res.stage_s)
-    rec["gpu_sections"] = res.gpu_sections
+    rec["gpu_sections"], rec["gpu"] = res.gpu_sections, ctx.get("gpu")
     if not res.accepted:
         rec.update(reason=res.reason, evidence=_short(res.evidence))
         return rec

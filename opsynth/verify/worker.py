@@ -187,7 +187,7 @@ class Worker:
         from . import checks as C
 
         torch, dev, c = self.torch, self.device, self.cfg
-        t0 = time.time()
+        t_request = time.time()
         mod = C.load_task(source)
         probe = MemoryProbe(dev)
         probe.start()
@@ -217,7 +217,7 @@ class Worker:
                 model(*inputs)
 
         try:
-            eager_ms, n = self._time(run, t0)
+            eager_ms, n = self._time(run, t_request)
         except BaseException as exc:  # noqa: BLE001
             raise C.classify(exc, "eager_error") from None
         return {"eager_ms": eager_ms, "timed_runs": n, "peak_mem_mb": peak / 2**20, "outputs": spec}
@@ -232,7 +232,7 @@ class Worker:
             import torch._inductor.compile_fx  # noqa: F401
 
             protocol.send(self.resp_fd, {"event": "resume"})
-        t0 = time.time()
+        t_request = time.time()
         torch._dynamo.reset()
         mod = C.load_task(source)
         model = C.build_model(mod, dev)
@@ -260,7 +260,7 @@ class Worker:
                 compiled(*inputs)
 
         try:
-            compile_ms, n = self._time(run, t0)
+            compile_ms, n = self._time(run, t_request)
         except BaseException as exc:  # noqa: BLE001
             raise C.classify(exc, "compile_error") from None
         return {"compile_ms": compile_ms, "compile_s": compile_s, "timed_runs": n}
