@@ -178,7 +178,8 @@ class Worker:
             start = time.time()
             self.lock_wait_s += start - asked
             try:
-                return median_ms(fn, self.device, c.warmup, c.repeats, c.min_repeats, c.timing_budget_ms)
+                return median_ms(fn, self.device, c.warmup, c.repeats, c.min_repeats, c.timing_budget_ms,
+                                 c.timing_rel_tol)
             finally:
                 self.sections.append(["timing", start, time.time()])
 
