@@ -10,7 +10,8 @@ fresh-process-per-candidate baseline in the same call.
 Each window is `opsynth.pipeline.run` in a child process of its own (so CUDA_VISIBLE_DEVICES can
 differ per window, and a stuck window is killed without losing what it saved), with
 `n_tasks` out of reach and a timer that stops it after `--minutes` of wall time counted from the
-run's start (cluster and verifier start-up included, as a user's run pays them). It reports:
+window process's start (imports, cluster and verifier start-up included, as a user's run pays
+them). It reports:
 
 - accepted tasks per minute (rows committed after dedup), candidates per minute, acceptance rate;
 - the GPU busy fraction: the union of the device sections the verifier workers record (their
@@ -42,6 +43,7 @@ import threading
 import time
 from pathlib import Path
 
+PROCESS_T0 = time.time()  # a window counts from its process's start: imports are start-up too
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -145,7 +147,7 @@ def window_child(spec: dict) -> int:
     lock = threading.Lock()
     recs = {"n": 0, "verified": 0, "first_t": None, "sections": {}, "reasons": {}}
     machine = MachineSampler(spec["device"]).start()
-    t0 = time.time()
+    t0 = PROCESS_T0
     t_stop = [None]
 
     def snapshot(final: bool, summary: dict | None = None) -> dict:
@@ -202,7 +204,7 @@ def window_child(spec: dict) -> int:
         t_stop[0] = time.time()
         stop.set()
 
-    timer = threading.Timer(seconds, stop_now) if seconds else None
+    timer = threading.Timer(max(0.0, seconds - (time.time() - t0)), stop_now) if seconds else None
     if timer:
         timer.daemon = True
         timer.start()

@@ -126,7 +126,6 @@ def test_flat_partners_spread_the_operator_pairs():
 @pytest.mark.slow
 def test_diversity_does_not_fall_back():
     """6,000 draws at Ops-6K's scale gave 4,260 distinct operator sequences before the flat partners
-    and the admitted operators, 4,970 with flat partners alone and 5,320 at the defaults
-    (benchmarks/sampler_diversity.py)."""
+    and the admitted operators, 5,289 at the defaults (benchmarks/results/sampler_diversity.json)."""
     n = _distinct_sequences(SamplerConfig(scale=1.0), 6000)
     assert n >= 5100, n
