@@ -371,17 +371,24 @@ class WorkerPool:
         """Send one request; replace the worker if it is gone or asked to be recycled. An
         out-of-memory reply on CUDA is retried once holding the device lock for the whole
         request, since other workers' allocations may have been the cause."""
+        asked = time.time()
         w = self._worker(index)
+        ready_wait = time.time() - asked  # a replacement worker still starting (stages.py: worker_restart)
         try:
             reply = w.request(msg, self.cfg.timeout_s)
         except WorkerGone:
             self._replace(index)
             raise
+        reply["ready_wait_s"] = ready_wait
         if reply.get("recycle"):
             self._replace(index)
         if (not reply.get("ok") and reply.get("reason") == "oom" and self.device == "cuda"
                 and not msg.get("exclusive")):
-            return self._request(index, {**msg, "exclusive": True})
+            retry = self._request(index, {**msg, "exclusive": True})
+            for k in ("lock_wait_s", "ready_wait_s"):  # the stage accounting keeps both attempts
+                retry[k] = float(retry.get(k) or 0.0) + float(reply.get(k) or 0.0)
+            retry["sections"] = [*(reply.get("sections") or []), *(retry.get("sections") or [])]
+            return retry
         return reply
 
     def _result(self, reason: str, source: str, t0: float, replies: list | None = None, **kw: Any) -> VerifyResult:

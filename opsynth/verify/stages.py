@@ -1,6 +1,6 @@
 """Where one verification's time went, from the sections its worker replies report.
 
-A worker reports, per request, `[kind, start, end]` sections (kinds `checks`, `compile`, `timing`;
+A worker reports, per request, `[kind, start, end]` sections (kinds `checks`, `compile`, `timing`, `cleanup`;
 wall-clock seconds) and the seconds it waited for the device's timing lock. A task's eager request
 is repeated while calibration rescales `batch_size`; only the last eager round's results are kept,
 so the rounds before it are the cost of calibration. The stages:
@@ -10,7 +10,9 @@ so the rounds before it are the cost of calibration. The stages:
     compile        torch.compile, the compiled model's first calls and comparisons
     timing         the timed runs of the kept eager round and of the compiled model
     lock_wait      waiting for the device's timing lock (other workers were timing)
-    verify_other   the rest of the verification's wall time: pipes, worker restarts, retries
+    cleanup        after each request: garbage collection, and on CUDA a synchronize and empty_cache
+    worker_restart waiting for a replacement worker (recycled or crashed) to finish starting
+    verify_other   the rest of the verification's wall time: pipes, the parent's own work
 
 `gpu_sections` lists the `checks` and `timing` sections (start, end) that ran on the device, so a
 benchmark can take their union over a window as the GPU's busy share.
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-STAGES = ("eager_checks", "calibration", "compile", "timing", "lock_wait", "verify_other")
+STAGES = ("eager_checks", "calibration", "compile", "timing", "lock_wait", "cleanup", "worker_restart",
+          "verify_other")
 
 
 def stage_seconds(replies: list[tuple[str, dict[str, Any]]], elapsed_s: float) -> dict[str, float]:
@@ -29,6 +32,7 @@ def stage_seconds(replies: list[tuple[str, dict[str, Any]]], elapsed_s: float) -
     last_eager = max((i for i, (op, _) in enumerate(replies) if op == "eager"), default=-1)
     for i, (op, rep) in enumerate(replies):
         out["lock_wait"] += float(rep.get("lock_wait_s") or 0.0)
+        out["worker_restart"] += float(rep.get("ready_wait_s") or 0.0)
         for kind, start, end in rep.get("sections") or ():
             d = max(0.0, float(end) - float(start))
             if op == "eager" and i != last_eager:
@@ -37,6 +41,8 @@ def stage_seconds(replies: list[tuple[str, dict[str, Any]]], elapsed_s: float) -
                 out["timing"] += d
             elif kind == "compile":
                 out["compile"] += d
+            elif kind == "cleanup":
+                out["cleanup"] += d
             else:
                 out["eager_checks"] += d
     out["verify_other"] = max(0.0, elapsed_s - sum(out.values()))

@@ -292,8 +292,10 @@ class Worker:
             reply = {"ok": False, "reason": rej.reason, "evidence": rej.evidence}
         if not any(k != "timing" for k, _, _ in self.sections):  # rejected before timing
             self.sections.insert(0, ["compile" if self._compiling else "checks", started, time.time()])
-        reply["sections"], reply["lock_wait_s"] = self.sections, self.lock_wait_s
+        t_clean = time.time()
         reply["recycle"] = reply["reason"] in RECYCLE_REASONS or not self._healthy()
+        self.sections.append(["cleanup", t_clean, time.time()])
+        reply["sections"], reply["lock_wait_s"] = self.sections, self.lock_wait_s
         reply["event"] = "reply"
         return reply
 

@@ -12,8 +12,8 @@ def _rep(*sections, wait=0.0):
 def test_calibration_rounds_are_the_eager_rounds_before_the_kept_one():
     replies = [
         ("eager", _rep(("checks", 0.0, 1.0), ("timing", 1.5, 2.0), wait=0.5)),   # too fast: rescaled
-        ("eager", _rep(("checks", 2.0, 2.5), ("timing", 2.5, 3.5))),            # kept
-        ("compile", _rep(("compile", 3.5, 8.5), ("timing", 9.0, 9.5), wait=0.5)),
+        ("eager", {**_rep(("checks", 2.0, 2.5), ("timing", 2.5, 3.5)), "ready_wait_s": 0.1}),  # kept
+        ("compile", _rep(("compile", 3.5, 8.5), ("timing", 9.0, 9.5), ("cleanup", 9.5, 9.75), wait=0.5)),
     ]
     s = stage_seconds(replies, elapsed_s=10.0)
     assert set(s) == set(STAGES)
@@ -22,7 +22,9 @@ def test_calibration_rounds_are_the_eager_rounds_before_the_kept_one():
     assert s["timing"] == pytest.approx(1.5)
     assert s["compile"] == pytest.approx(5.0)
     assert s["lock_wait"] == pytest.approx(1.0)
-    assert s["verify_other"] == pytest.approx(0.5)
+    assert s["cleanup"] == pytest.approx(0.25)
+    assert s["worker_restart"] == pytest.approx(0.1)
+    assert s["verify_other"] == pytest.approx(0.15)
     assert gpu_sections(replies) == [(0.0, 1.0), (1.5, 2.0), (2.0, 2.5), (2.5, 3.5), (9.0, 9.5)]
 
 
