@@ -325,15 +325,31 @@ def _env(device: str, gpus: int | None) -> dict:
     return env
 
 
+def _host_gpus() -> tuple[int, str]:
+    """GPU count and the first one's name, without creating a CUDA context in this process (the
+    windows need the memory): pynvml, else `nvidia-smi -L`."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if n else ""
+        return n, name.decode() if isinstance(name, bytes) else name
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        lines = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout.splitlines()
+        lines = [ln for ln in lines if ln.startswith("GPU ")]
+        name = lines[0].split(":", 1)[1].split("(")[0].strip() if lines else ""
+        return len(lines), name
+    except (OSError, subprocess.SubprocessError):
+        return 0, ""
+
+
 def _device_name(device: str) -> str:
     if device != "cuda":
         return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001
-        return "cuda"
+    return _host_gpus()[1] or "cuda"
 
 
 def _print_window(label: str, w: dict) -> None:
@@ -374,6 +390,10 @@ def main(argv=None) -> int:
     overrides = [*device_overrides(a.device), *a.override]
     compose(overrides).validate()  # a bad override fails here, before any window
     gpus = [int(x) for x in a.gpus.split(",") if x.strip()] or [None]
+    if a.device == "cuda" and any(gpus):
+        have = _host_gpus()[0]
+        if max(g for g in gpus if g) > have:
+            ap.error(f"--gpus {a.gpus}: this host has {have} GPU(s)")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="opsynth-throughput-"))
@@ -400,6 +420,8 @@ def main(argv=None) -> int:
                 _print_window(label, w)
             save()
         first = next((w for w in result["windows"].values() if w), None)
+        if first and first.get("device"):
+            result["device"] = first["device"]  # as the verifier workers name it
         if first:
             for k in ("accepted_per_min", "candidates_per_min", "acceptance_rate", "gpu_busy_fraction",
                       "gpu_util_sampled_mean", "cpu_utilisation", "stage_seconds", "stage_seconds_per_accepted",

@@ -437,9 +437,8 @@ def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None
     summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
                                    if committer.calib_steps else None)
     if cfg.write_card:
-        from opsynth.shards import read_rows, write_card, write_report
-
         from opsynth.graph import OpGraph
+        from opsynth.shards import read_rows, write_card, write_report
 
         write_report(out, stats, rows=read_rows(out), rejections=committer.examples,
                      signature_of=lambda row: OpGraph.from_json(row["graph"]).signature())
