@@ -54,6 +54,17 @@ def _malloc_trim() -> None:
         pass
 
 
+def _freeze_survivors() -> None:
+    """Collect, then move every surviving object into the permanent generation (`gc.freeze`), so
+    later collections traverse only what tasks created. With torch's compiler stack imported a full
+    collection walks ~400,000 objects (0.6 s on a loaded 2-core machine), and the worker collects
+    after every request; frozen, it takes milliseconds. Called at start-up and once after the first
+    compile (which imports inductor's code generators): both leave only long-lived module state,
+    never a task's objects, which are dropped and collected before the freeze."""
+    gc.collect()
+    gc.freeze()
+
+
 def _watch_parent() -> None:
     """Exit when the parent goes away, even if task code is spinning in the main thread."""
     parent = os.getppid()
@@ -138,6 +149,8 @@ class Worker:
 
         if self.device == "cpu":
             self._limit_address_space()
+        self._frozen_after_compile = False
+        _freeze_survivors()
 
     def _limit_address_space(self) -> None:
         """RLIMIT_AS = what torch already maps + the per-worker limit. (Not on CUDA: the driver
@@ -294,6 +307,9 @@ class Worker:
             self.sections.insert(0, ["compile" if self._compiling else "checks", started, time.time()])
         t_clean = time.time()
         reply["recycle"] = reply["reason"] in RECYCLE_REASONS or not self._healthy()
+        if self._compiling and not self._frozen_after_compile:
+            self._frozen_after_compile = True
+            _freeze_survivors()
         self.sections.append(["cleanup", t_clean, time.time()])
         reply["sections"], reply["lock_wait_s"] = self.sections, self.lock_wait_s
         reply["event"] = "reply"
