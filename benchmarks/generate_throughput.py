@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,9 @@ class MachineSampler:
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join(2)
+        return self.snapshot()
+
+    def snapshot(self) -> dict:
         out = {"cpu_utilisation": round(sum(self.cpu) / len(self.cpu) / 100, 4) if self.cpu else None,
                "cpu_count": os.cpu_count()}
         if self.gpu:
@@ -133,7 +137,7 @@ def window_child(spec: dict) -> int:
 
     import distributed  # noqa: F401  (sets its loggers on import; quiet them after)
 
-    from opsynth.pipeline import run
+    from opsynth.pipeline import STATE_FILE, run
     from opsynth.verify.stages import union_seconds
 
     for noisy in ("distributed", "tornado", "asyncio"):
@@ -174,13 +178,21 @@ def window_child(spec: dict) -> int:
             d["stage_seconds_per_accepted"] = {k: round(v / acc, 4) for k, v in d["stage_seconds"].items()} if acc else {}
         return d
 
-    def save(final: bool, summary: dict | None = None, machine_stats: dict | None = None) -> None:
+    write_lock = threading.Lock()
+    run_returned = [False]  # once the run's own summary is written, nothing overwrites it
+
+    def save(final: bool, summary: dict | None = None, machine_stats: dict | None = None,
+             from_run: bool = False) -> None:
         d = snapshot(final, summary)
         if machine_stats:
             d.update(machine_stats)
-        tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(d, indent=1, default=str))
-        os.replace(tmp, out_path)
+        with write_lock:
+            if run_returned[0]:
+                return
+            run_returned[0] = from_run
+            tmp = out_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(d, indent=1, default=str))
+            os.replace(tmp, out_path)
 
     last_save = [time.time()]
 
@@ -202,7 +214,28 @@ def window_child(spec: dict) -> int:
 
     def stop_now() -> None:
         t_stop[0] = time.time()
+        try:
+            before = (Path(spec["output_dir"]) / STATE_FILE).stat().st_mtime
+        except OSError:
+            before = None
         stop.set()
+        threading.Thread(target=save_from_state, args=(before,), daemon=True).start()
+
+    def save_from_state(before: float | None) -> None:
+        """The pipeline saves its state (counts, stage seconds) as soon as its loop ends, before the
+        cluster's teardown, which can take tens of seconds: write the final numbers from it then,
+        so a window cut off during teardown still has them."""
+        path = Path(spec["output_dir"]) / STATE_FILE
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if path.stat().st_mtime != before:
+                    stats = json.loads(path.read_text())["stats"]
+                    save(True, stats, {**machine.snapshot(), "final_from": "state file, before teardown"})
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
 
     timer = threading.Timer(max(0.0, seconds - (time.time() - t0)), stop_now) if seconds else None
     if timer:
@@ -213,7 +246,8 @@ def window_child(spec: dict) -> int:
         t_stop[0] = time.time()
     done_t = time.time()
     ms = machine.stop()
-    save(True, summary, {**ms, "teardown_s": round(done_t - t_stop[0], 2)})
+    save(True, summary, {**ms, "teardown_s": round(done_t - t_stop[0], 2), "final_from": "run summary"},
+         from_run=True)
     return 0
 
 
@@ -379,6 +413,7 @@ def main(argv=None) -> int:
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="a Hydra override for every window, e.g. cluster.threads_per_worker=14")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/generate_throughput.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the windows' output folders (under /tmp)")
     ap.add_argument("--window-child", help=argparse.SUPPRESS)
     ap.add_argument("--baseline-child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -474,6 +509,8 @@ def main(argv=None) -> int:
         save()
     result["partial"] = False
     save()
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
     keys = ("device", "accepted_per_min", "candidates_per_min", "acceptance_rate", "baseline_accepted_per_min",
             "gpu_busy_fraction", "gpu_util_sampled_mean", "cpu_utilisation", "scaling", "linear_time_ratio")
     print("\n" + json.dumps({k: result.get(k) for k in keys if k in result}, default=str))
