@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 BASELINE_SEED_OFFSET = 1_000_000  # baseline candidates: far from the window's, no shared compile cache
 HUGE_N_TASKS = 10_000_000
+TEARDOWN_GRACE_S = 15.0  # a window's teardown may take this long after its numbers are saved
 
 
 # ---- configuration -------------------------------------------------------------------------------
@@ -224,18 +225,31 @@ def window_child(spec: dict) -> int:
     def save_from_state(before: float | None) -> None:
         """The pipeline saves its state (counts, stage seconds) as soon as its loop ends, before the
         cluster's teardown, which can take tens of seconds: write the final numbers from it then,
-        so a window cut off during teardown still has them."""
+        so a window cut off during teardown still has them. A teardown slower than
+        TEARDOWN_GRACE_S after that (verifier workers finishing a compile before they read their
+        exit message) would only cost the device call's time: the window process then ends, and
+        the parent kills its Dask children with its process group."""
         path = Path(spec["output_dir"]) / STATE_FILE
         deadline = time.time() + 60
-        while time.time() < deadline:
+        while True:
+            if time.time() > deadline:
+                return
             try:
                 if path.stat().st_mtime != before:
                     stats = json.loads(path.read_text())["stats"]
                     save(True, stats, {**machine.snapshot(), "final_from": "state file, before teardown"})
-                    return
+                    break
             except (OSError, ValueError, KeyError):
                 pass
             time.sleep(0.2)
+        t_saved = time.time()
+        while time.time() - t_saved < TEARDOWN_GRACE_S:
+            if run_returned[0]:
+                return
+            time.sleep(0.2)
+        print(f"teardown still running {TEARDOWN_GRACE_S:.0f} s after the window: ending it", file=sys.stderr,
+              flush=True)
+        os._exit(0)
 
     timer = threading.Timer(max(0.0, seconds - (time.time() - t0)), stop_now) if seconds else None
     if timer:
