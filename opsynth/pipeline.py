@@ -153,7 +153,7 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 vcfg.cuda_devices = [gpu]
             if not vcfg.n_workers:
                 vcfg.n_workers = _worker_threads()
-            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg))
+            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg), gpu=gpu)
             if not _CTX.get("atexit"):
                 import atexit
 
@@ -217,25 +217,35 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
     from opsynth.graph import SamplingError
     from opsynth.render import render_task, task_id
 
+    stage_s: dict[str, float] = {}  # seconds per stage (verify/stages.py names the verifier's)
     rec: dict[str, Any] = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
-                           "signature": None, "evidence": None}
+                           "signature": None, "evidence": None, "stage_s": stage_s}
+    t0 = time.perf_counter()
     ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
+    t1 = time.perf_counter()
+    stage_s["worker_start"] = t1 - t0  # the first candidate of a process starts its verify pool
     try:
         st = ctx["sampler"].sample(seed)
     except SamplingError as e:
+        stage_s["sampling"] = time.perf_counter() - t1
         rec.update(reason="sampling_failed", evidence=str(e))
         return rec
     src = render_task(st.graph, ctx["catalog"])
     rec["signature"] = st.graph.signature()
+    t2 = time.perf_counter()
+    stage_s["sampling"] = t2 - t1
     kb_row = {"kb_max_similarity": None, "kb_nearest": None}
     if ctx["kb"] is not None:
         m = ctx["kb"].check(src)
         kb_row = m.as_row()
+        stage_s["kb_check"] = time.perf_counter() - t2
         if m.rejected:
             rec.update(reason=m.reason, evidence={"nearest": m.nearest, "similarity": m.max_similarity,
                                                   "op_sequence_match": m.op_sequence_match})
             return rec
     res = ctx["pool"].verify(src)
+    stage_s.update(res.stage_s)
+    rec["gpu_sections"], rec["gpu"] = res.gpu_sections, ctx.get("gpu")
     if not res.accepted:
         rec.update(reason=res.reason, evidence=_short(res.evidence))
         return rec
@@ -403,8 +413,11 @@ def _describe_run(stats, cfg: GenerateConfig) -> None:
                     "verify": _plain(cfg.verify), "dedup": _plain(cfg.dedup), "cluster": cfg.cluster.kind}
 
 
-def run(cfg: GenerateConfig) -> dict:
-    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary."""
+def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None) -> dict:
+    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary.
+
+    on_result: called with each candidate's record as it arrives (benchmarks read its `stage_s`).
+    stop: when set, the run stops at the next result as if `max_candidates` were reached."""
     from distributed import as_completed
 
     from opsynth.catalog import load_catalog
@@ -433,7 +446,8 @@ def run(cfg: GenerateConfig) -> dict:
         if complete:
             log.info("%s already holds %d rows (n_tasks=%d): nothing to generate", out, writer.num_rows, cfg.n_tasks)
         else:
-            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress)
+            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
+                      on_result, stop)
             stats.wall_time_s = prior_wall + (time.monotonic() - t_start)  # a no-op rerun adds no time
         for op in list(stats.categories):
             stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
@@ -450,9 +464,11 @@ def run(cfg: GenerateConfig) -> dict:
     summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
                                    if committer.calib_steps else None)
     if cfg.write_card:
+        from opsynth.graph import OpGraph
         from opsynth.shards import read_rows, write_card, write_report
 
-        write_report(out, stats, rows=read_rows(out), rejections=committer.examples)
+        write_report(out, stats, rows=read_rows(out), rejections=committer.examples,
+                     signature_of=lambda row: OpGraph.from_json(row["graph"]).signature())
         if total_rows:  # a dataset card describes data; with no rows the report says why
             write_card(out, stats, repo_id=cfg.repo_id)
     return summary
@@ -474,7 +490,8 @@ def _sigint_ignored_in_children():
         signal.signal(signal.SIGINT, previous)
 
 
-def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
+def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
+              on_result=None, stop=None) -> None:
     with _sigint_ignored_in_children():
         handle = start_cluster(cfg.cluster, run_dir=out)
     client = handle.client
@@ -517,7 +534,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     start_index = committer.next_index
     try:
         top_up()
-        while writer.num_rows < cfg.n_tasks and inflight:
+        while writer.num_rows < cfg.n_tasks and inflight and not (stop is not None and stop.is_set()):
             f = next(ac)
             i = next(k for k, v in inflight.items() if v is f)
             del inflight[i]
@@ -530,6 +547,11 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                 rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
                        "evidence": str(e)[:500]}
             done[i] = rec
+            for k, v in (rec.get("stage_s") or {}).items():
+                stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
+            if on_result is not None:
+                on_result(rec)
+            t_write = time.perf_counter()
             while committer.next_index in done and writer.num_rows < cfg.n_tasks:
                 committer.commit(done.pop(committer.next_index))
                 committer.next_index += 1
@@ -537,9 +559,10 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                 if writer.num_rows - flushed_at >= cfg.flush_every:
                     save()
                     flushed_at = writer.num_rows
+            stats.stage_seconds["writing"] = stats.stage_seconds.get("writing", 0.0) + time.perf_counter() - t_write
             if writer.num_rows < cfg.n_tasks:
                 top_up()
-        if writer.num_rows < cfg.n_tasks:
+        if writer.num_rows < cfg.n_tasks and not (stop is not None and stop.is_set()):
             log.warning("stopped after %d candidates (%d in this run) with %d/%d rows: max_candidates=%d reached",
                         committer.next_index, committer.next_index - start_index, writer.num_rows, cfg.n_tasks,
                         max_candidates)

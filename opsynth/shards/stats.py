@@ -41,6 +41,9 @@ class RunStats:
     cluster: str = ""
     resumed_rows: int = 0
     config: dict[str, Any] = field(default_factory=dict)
+    # Seconds per stage summed over candidates (sampling, kb_check, the verifier's stages, writing);
+    # workers run in parallel, so the sum exceeds the wall time.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def accept(self, n: int = 1) -> None:
         self.accepted += n
