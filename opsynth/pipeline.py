@@ -173,7 +173,7 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 vcfg.cuda_devices = [gpu]
             if not vcfg.n_workers:
                 vcfg.n_workers = _worker_threads()
-            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg), verify_cfg=vcfg)
+            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg), gpu=gpu, verify_cfg=vcfg)
             if not _CTX.get("atexit"):
                 import atexit
 
@@ -237,34 +237,47 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
     from opsynth.graph import SamplingError
     from opsynth.render import render_task, task_id
 
+    stage_s: dict[str, float] = {}  # seconds per stage (verify/stages.py names the verifier's)
     rec: dict[str, Any] = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
-                           "signature": None, "evidence": None}
+                           "signature": None, "evidence": None, "stage_s": stage_s}
+    t0 = time.perf_counter()
     ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
+    t1 = time.perf_counter()
+    stage_s["worker_start"] = t1 - t0  # the first candidate of a process starts its verify pool
     try:
         st = ctx["sampler"].sample(seed)
     except SamplingError as e:
+        stage_s["sampling"] = time.perf_counter() - t1
         rec.update(reason="sampling_failed", evidence=str(e))
         return rec
     from opsynth.graph.cost import with_batch
     from opsynth.verify.sizing import choose_batch
 
-    size = choose_batch(st.graph, ctx["catalog"], seed, ctx["verify_cfg"], ctx["pool"].device)
     rec["signature"] = st.graph.signature()  # sizes are not part of it
+    t_size = time.perf_counter()
+    stage_s["sampling"] = t_size - t1
+    size = choose_batch(st.graph, ctx["catalog"], seed, ctx["verify_cfg"], ctx["pool"].device)
     if size.reason:
+        stage_s["sizing"] = time.perf_counter() - t_size
         rec.update(reason=size.reason, evidence=size.evidence())
         return rec
     graph = with_batch(st.graph, size.batch)
     rec["predicted_ms"] = size.predicted_ms
     src = render_task(graph, ctx["catalog"])
+    t2 = time.perf_counter()
+    stage_s["sizing"] = t2 - t_size  # the cost model's search, and rendering the sized graph
     kb_row = {"kb_max_similarity": None, "kb_nearest": None}
     if ctx["kb"] is not None:
         m = ctx["kb"].check(src)
         kb_row = m.as_row()
+        stage_s["kb_check"] = time.perf_counter() - t2
         if m.rejected:
             rec.update(reason=m.reason, evidence={"nearest": m.nearest, "similarity": m.max_similarity,
                                                   "op_sequence_match": m.op_sequence_match})
             return rec
     res = ctx["pool"].verify(src)
+    stage_s.update(res.stage_s)
+    rec["gpu_sections"], rec["gpu"] = res.gpu_sections, ctx.get("gpu")
     if not res.accepted:
         rec.update(reason=res.reason, evidence=_short(res.evidence))
         return rec
@@ -528,8 +541,11 @@ def _describe_run(stats, cfg: GenerateConfig) -> None:
                     "verify": _plain(cfg.verify), "dedup": _plain(cfg.dedup), "cluster": cfg.cluster.kind}
 
 
-def run(cfg: GenerateConfig) -> dict:
-    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary."""
+def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None) -> dict:
+    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary.
+
+    on_result: called with each candidate's record as it arrives (benchmarks read its `stage_s`).
+    stop: when set, the run stops at the next result as if `max_candidates` were reached."""
     from distributed import as_completed
 
     from opsynth.catalog import load_catalog
@@ -562,8 +578,10 @@ def run(cfg: GenerateConfig) -> dict:
         else:
             stats.runs += 1
             stats.resumed_rows = rows_at_start  # counted in the files, not carried over
-            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress)
-            committer.adopt_leftovers()
+            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
+                      on_result, stop)
+            if not (stop is not None and stop.is_set()):
+                committer.adopt_leftovers()
             stats.run_wall_time_s = time.monotonic() - t_start
             stats.wall_time_s = prior_wall + stats.run_wall_time_s  # a no-op rerun adds no time
             stats.run_added_rows = writer.num_rows - rows_at_start
@@ -582,9 +600,11 @@ def run(cfg: GenerateConfig) -> dict:
     summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
                                    if committer.calib_steps else None)
     if cfg.write_card:
+        from opsynth.graph import OpGraph
         from opsynth.shards import read_rows, write_card, write_report
 
-        write_report(out, stats, rows=read_rows(out), rejections=committer.examples)
+        write_report(out, stats, rows=read_rows(out), rejections=committer.examples,
+                     signature_of=lambda row: OpGraph.from_json(row["graph"]).signature())
         if total_rows:  # a dataset card describes data; with no rows the report says why
             write_card(out, stats, repo_id=cfg.repo_id)
     return summary
@@ -617,7 +637,9 @@ def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
 
     on_disk = count_rows(out)
     counted = stats.accepted + stats.adopted_rows
-    if not (on_disk == total_rows == len(committer.ledger) == counted):
+    # Rows on disk ahead of the state stay uncounted only when a run was stopped before it got to
+    # their candidates again (`stop`); a resume counts them.
+    if not (on_disk == total_rows == len(committer.ledger) + len(committer.ahead) and counted == len(committer.ledger)):
         raise DatasetFolderError(f"{out}: the files hold {on_disk} rows but the run counted {counted} "
                                  f"({stats.accepted} accepted + {stats.adopted_rows} found without a state) and its "
                                  f"ledger lists {len(committer.ledger)}; this is a bug, please report it")
@@ -735,7 +757,8 @@ def _sigint_ignored_in_children():
         signal.signal(signal.SIGINT, previous)
 
 
-def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress) -> None:
+def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
+              on_result=None, stop=None) -> None:
     with _sigint_ignored_in_children():
         handle = start_cluster(cfg.cluster, run_dir=out)
     client = handle.client
@@ -781,7 +804,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     start_index = committer.next_index
     try:
         top_up()
-        while committer.wants_more(cfg.n_tasks) and inflight:
+        while committer.wants_more(cfg.n_tasks) and inflight and not (stop is not None and stop.is_set()):
             f = next(ac)
             i = next(k for k, v in inflight.items() if v is f)
             del inflight[i]
@@ -794,6 +817,11 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                 rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
                        "evidence": str(e)[:500]}
             done[i] = rec
+            for k, v in (rec.get("stage_s") or {}).items():
+                stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
+            if on_result is not None:
+                on_result(rec)
+            t_write = time.perf_counter()
             while committer.next_index in done and committer.wants_more(cfg.n_tasks):
                 committer.commit(done.pop(committer.next_index))
                 committer.next_index += 1
@@ -801,9 +829,10 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                 if writer.num_rows - flushed_at >= cfg.flush_every:
                     save()
                     flushed_at = writer.num_rows
+            stats.stage_seconds["writing"] = stats.stage_seconds.get("writing", 0.0) + time.perf_counter() - t_write
             if committer.wants_more(cfg.n_tasks):
                 top_up()
-        if committer.rows < cfg.n_tasks:
+        if committer.rows < cfg.n_tasks and not (stop is not None and stop.is_set()):
             log.warning("stopped after %d candidates (%d in this run) with %d/%d rows: max_candidates=%d reached",
                         committer.next_index, committer.next_index - start_index, committer.rows, cfg.n_tasks,
                         max_candidates)

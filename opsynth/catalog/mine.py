@@ -66,7 +66,9 @@ ALWAYS_SET = ("scale_factor", "dim", "min", "max")
 # Function names excluded by pattern, with the reason.
 FUNCTION_EXCLUDES = [
     (r"^_|_$", "private or in-place"),
-    (r"rand|seed|bernoulli|multinomial|normal|poisson|dropout|rrelu|gumbel", "random"),
+    # Anchored where a random sampler's name is a prefix of deterministic operators' names
+    # (torch.normal / F.normalize, torch.poisson / F.poisson_nll_loss).
+    (r"rand|seed|bernoulli|multinomial|^normal$|^poisson$|dropout|rrelu|gumbel", "random"),
     (r"empty|zeros|ones|full|arange|range|linspace|logspace|eye|_like$|^tensor$|^as_|^from|scalar_tensor",
      "tensor creation: output does not depend on the input values"),
     (r"quantiz|sparse|mkldnn|cudnn|miopen|fbgemm|^native_|^sym_|vulkan|^q_|int_repr|nested|^fake_",
@@ -84,7 +86,8 @@ FUNCTION_EXCLUDES = [
      "covered by its nn module (needs weights or state the module owns)"),
     (r"^clone$|^detach|^alias|^contiguous|^resolve_|^positive$|^fix$|^clamp_(min|max)$|^clip$|^absolute$|"
      r"^arccos|^arcsin|^arctan|^arccosh|^arcsinh|^arctanh|^negative$|^multiply$|^divide$|^subtract$|^true_divide$|"
-     r"^squeeze|^greater|^less|^not_equal|^moveaxis|^swapaxes|^swapdims|^concat|^row_stack|^hstack|^vstack|^dstack",
+     r"^squeeze|^greater|^less|^not_equal|^moveaxis|^swapaxes|^swapdims|^concat|^row_stack|^hstack|^vstack|^dstack|"
+     r"^narrow_copy$",
      "identity or an alias of another operator"),
 ]
 _FUNCTION_EXCLUDE_RES = [(re.compile(p), why) for p, why in FUNCTION_EXCLUDES]
@@ -128,7 +131,10 @@ def _probe_ranks(spec: OpSpec, operand_for) -> list[int]:
             raise
         except Exception:
             continue
-        if is_float_tensor(real) and tuple(real.shape) == tuple(out.shape):
+        # A float32 chain must stay float32 (`float_power` returns float64, which the next
+        # operator's float32 weights reject); integer inputs (embeddings) may turn into floats.
+        same_dtype = spec.input_dtype != "float32" or real.dtype == x.dtype
+        if is_float_tensor(real) and tuple(real.shape) == tuple(out.shape) and same_dtype:
             ranks.append(rank)
     return ranks
 
@@ -148,7 +154,9 @@ def _probe_operand(spec: OpSpec, x):
 
 
 def is_stochastic(spec: OpSpec, rank: int) -> bool:
-    """Run twice on the same real input under different RNG seeds: any difference means randomness."""
+    """Run twice on the same real input under different RNG seeds: any difference means randomness.
+    NaN counts as equal to NaN (`log`, `sqrt`, `acos` of a negative entry is NaN on every run, which
+    is a domain issue the verifier's finiteness check handles per task, not randomness)."""
     shape = PROBE_SHAPES[rank]
     ctx = ParamContext(shape=shape, rng=random.Random(0))
     params, _ = fill_params((*spec.required, *[t for t in spec.tunable if t in ALWAYS_SET]), ctx)
@@ -160,7 +168,29 @@ def is_stochastic(spec: OpSpec, rank: int) -> bool:
     for seed in (1, 2):
         torch.manual_seed(seed)
         outs.append(apply(spec, x, params, operand=other, module=module))
-    return not torch.equal(outs[0], outs[1])
+    a, b = outs
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return not torch.equal(a, b)
+    return not torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True)
+
+
+def is_non_finite_on_randn(spec: OpSpec, rank: int) -> bool:
+    """NaN or Inf from finite standard-normal inputs, as a task feeds it (`torch.randn` inputs, a
+    `torch.randn` parameter as the binary operand, `torch.rand` targets): `log`, `sqrt`, `acos`
+    and the like are defined on part of the line only, so nearly every task built on them would be
+    rejected as non-finite after costing a verification."""
+    shape = PROBE_SHAPES[rank]
+    ctx = ParamContext(shape=shape, rng=random.Random(0))
+    params, _ = fill_params((*spec.required, *[t for t in spec.tunable if t in ALWAYS_SET]), ctx)
+    torch.manual_seed(0)
+    x = _probe_input(spec, shape)
+    if spec.pattern == "binary":
+        other = torch.randn_like(x)
+    else:
+        other = _probe_operand(spec, x)
+    module = instantiate(spec, params) if spec.kind == "module" else None
+    out = apply(spec, x, params, operand=other, module=module)
+    return not bool(torch.isfinite(out).all())
 
 
 def _classify_function(name: str, spec: OpSpec, rank: int, activations: set[str]) -> str:
@@ -261,24 +291,87 @@ def mine_functions(excluded: dict) -> list[OpSpec]:
         if not params:
             excluded[name] = "no signature"
             continue
-        rest = params[1:]
-        second = rest[0].name if rest else None
-        if second == "target":
-            pattern, rest = "loss", rest[1:]
-        elif second in ("other", "exponent") and rest[0].default is inspect.Parameter.empty:
-            pattern, rest = "binary", rest[1:]
-        elif second in ("mat2",):
-            pattern, rest = "matmul", rest[1:]
-        else:
-            pattern = "unary"
-        required = tuple(p.name for p in rest if p.default is inspect.Parameter.empty)
-        tunable = tuple(p.name for p in rest if p.default is not inspect.Parameter.empty and p.name in TUNABLE)
-        specs.append(OpSpec(name=name, kind="function", import_path=path, category="?", pattern=pattern,
-                            ranks=(), required=required, tunable=tunable, terminal=pattern == "loss"))
+        specs.append(_function_spec(name, path, params))
     return specs
 
 
+# Names a function gives its second tensor argument when that argument is the binary operand.
+BINARY_OPERANDS = ("other", "exponent", "x2", "values")
+
+
+def _function_spec(name: str, path: str, params: list[inspect.Parameter]) -> OpSpec:
+    """The OpSpec a function's parameter list describes: its calling pattern from the name of the
+    second parameter, then its required and tunable parameters."""
+    rest = params[1:]
+    second = rest[0].name if rest else None
+    if second == "target":
+        pattern, rest = "loss", rest[1:]
+    elif second in BINARY_OPERANDS and rest[0].default is inspect.Parameter.empty:
+        pattern, rest = "binary", rest[1:]
+    elif second in ("mat2",):
+        pattern, rest = "matmul", rest[1:]
+    else:
+        pattern = "unary"
+    required = tuple(p.name for p in rest if p.default is inspect.Parameter.empty)
+    tunable = tuple(p.name for p in rest if p.default is not inspect.Parameter.empty and p.name in TUNABLE)
+    return OpSpec(name=name, kind="function", import_path=path, category="?", pattern=pattern,
+                  ranks=(), required=required, tunable=tunable, terminal=pattern == "loss")
+
+
+_DOC_SIGNATURE = re.compile(r"^\s*(\w+)\((.*)\)\s*(->.*)?$")
+
+
+def docstring_params(fn) -> list[inspect.Parameter]:
+    """The parameters the first line of a builtin's docstring lists (`logsumexp(input, dim,
+    keepdim=False, *, out=None)`), or [] when it does not parse. The testing overrides sometimes
+    describe another overload (a Dimname one for `logsumexp`, a dtype-only one for `prod`); the
+    docstring names the overload people call."""
+    import ast
+
+    lines = [ln for ln in (getattr(fn, "__doc__", None) or "").splitlines() if ln.strip()]
+    m = _DOC_SIGNATURE.match(lines[0]) if lines else None
+    if not m or m.group(1) != getattr(fn, "__name__", None):
+        return []
+    try:
+        args = ast.parse(f"def _f({m.group(2)}): pass").body[0].args  # type: ignore[attr-defined]
+    except SyntaxError:
+        return []
+    positional = [*args.posonlyargs, *args.args]
+    n_required = len(positional) - len(args.defaults)
+    out = [inspect.Parameter(a.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                             default=inspect.Parameter.empty if i < n_required else None)
+           for i, a in enumerate(positional)]
+    out += [inspect.Parameter(a.arg, inspect.Parameter.KEYWORD_ONLY,
+                              default=inspect.Parameter.empty if d is None else None)
+            for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    skip = ("self", "device", "dtype", "out", "inplace", "generator", "layout", "memory_format")
+    return [p for p in out if p.name not in skip]
+
+
+# Exclusions that another reading of a function's signature may lift.
+_SIGNATURE_REASONS = ("no value rule", "fails on every probed input rank")
+
+
 def finalize(spec: OpSpec, excluded: dict, activations: set[str]) -> OpSpec | None:
+    """Probe ranks, randomness and category. A function the testing overrides describe with an
+    unusable overload gets a second try with the signature its docstring gives."""
+    kept = _finalize(spec, excluded, activations)
+    if kept is not None or spec.kind != "function" or not excluded.get(spec.name, "").startswith(_SIGNATURE_REASONS):
+        return kept
+    from .call import resolve
+
+    params = docstring_params(resolve(spec.import_path))
+    alt = _function_spec(spec.name, spec.import_path, params) if params else None
+    if alt is None or (alt.pattern, alt.required, alt.tunable) == (spec.pattern, spec.required, spec.tunable):
+        return None
+    why = excluded.pop(spec.name)
+    kept = _finalize(alt, excluded, activations)
+    if kept is None:
+        excluded[spec.name] = f"{why}; with its docstring signature: {excluded[spec.name]}"
+    return kept
+
+
+def _finalize(spec: OpSpec, excluded: dict, activations: set[str]) -> OpSpec | None:
     """Probe ranks (trying the matmul reading of a binary `other` too), randomness and category."""
     try:
         ranks = _probe_ranks(spec, _probe_operand)
@@ -300,6 +393,9 @@ def finalize(spec: OpSpec, excluded: dict, activations: set[str]) -> OpSpec | No
     try:
         if spec.category == "stochastic" or is_stochastic(spec, ranks[0]):
             excluded[spec.name] = "stochastic: output changes with the RNG state"
+            return None
+        if is_non_finite_on_randn(spec, ranks[0]):
+            excluded[spec.name] = "not finite on standard-normal inputs (defined on part of the line only)"
             return None
     except Exception as e:  # runs on meta but not on CPU: unusable in a CPU-verified dataset
         excluded[spec.name] = f"fails on real CPU tensors: {type(e).__name__}"

@@ -143,6 +143,24 @@ def value_for(name: str, ctx: ParamContext):
         return 2.0, None
     if name == "k":
         return 1, None
+    if name == "maxnorm":  # renorm
+        return rng.choice([0.5, 1.0]), None
+    if name == "shifts":  # roll
+        return rng.choice([1, 2, 3]), None
+    if name == "repeats":  # repeat_interleave
+        return 2, None
+    if name in ("source", "destination"):  # movedim: two different non-batch dimensions
+        if ctx.rank < 3:  # only the batch and one other dimension: nothing to move (this rank fails)
+            raise ValueError("movedim needs two non-batch dimensions")
+        taken = (ctx.values or {}).get("source")
+        return rng.choice([d for d in range(1, ctx.rank) if d != taken]), None
+    if name == "start":  # narrow: from the start or one in, along the chosen dim
+        return rng.choice([0, 1]), None
+    if name == "length":
+        v = ctx.values or {}
+        if "dim" not in v or "start" not in v:
+            raise NoRule(name)
+        return max(1, (int(shape[v["dim"]]) - v["start"]) // 2), None
     raise NoRule(name)
 
 

@@ -241,11 +241,15 @@ class ForkServer:
     def __init__(self, env: dict[str, str], python: str = sys.executable, start_timeout_s: float = 300.0):
         self.name = f"opsynth-forkserver-{os.getpid()}-{secrets.token_hex(8)}"
         t0 = time.perf_counter()
+        # Its stderr goes to a file, not a pipe: a pipe nobody reads would fill up (warnings) and stall it.
+        import tempfile
+
+        self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [python, "-m", "opsynth.reward.forkserver", self.name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
             env=env,
             cwd="/",
             start_new_session=True,
@@ -264,7 +268,8 @@ class ForkServer:
         t.join(timeout_s)
         if not out or not out[0].strip():
             self.proc.kill()
-            err = self.proc.stderr.read().decode(errors="replace")[-3000:] if self.proc.poll() is not None else ""
+            self.log.seek(0)
+            err = self.log.read().decode(errors="replace")[-3000:]
             raise ForkServerError(f"the reward fork server did not start within {timeout_s:.0f} s: {err}")
         return out[0].decode()
 

@@ -93,7 +93,9 @@ def isolation_enabled(mode: str) -> bool:
     if mode not in isolation.MODES:
         raise ValueError(f"reward.isolation must be one of {isolation.MODES}, got {mode!r}")
     if mode == "none":
-        warnings.warn("reward.isolation=none: candidate children can write to the evaluator's caches and code", stacklevel=2)
+        if "warned" not in _isolation_checked:
+            _isolation_checked["warned"] = (True, "")
+            warnings.warn("reward.isolation=none: candidate children can write to the evaluator's caches and code", stacklevel=2)
         return False
     with _servers_lock:
         if "probe" not in _isolation_checked:

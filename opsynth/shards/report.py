@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,45 @@ def category_coverage(rows: list[Mapping[str, Any]], categories: Mapping[str, st
                 unknown.add(op)
         cover.update(cats)
     return dict(sorted(cover.items(), key=lambda kv: (-kv[1], kv[0]))), sorted(unknown)
+
+
+def diversity(rows: list[Mapping[str, Any]], signature_of: Callable[[Mapping[str, Any]], str] | None = None,
+              block: int = 1000) -> dict[str, Any]:
+    """Distinct operator sequences (the `ops` column) and graph signatures (when `signature_of`
+    gives a row's), in all and per 1,000 rows, and how many *new* ones each successive block of
+    `block` rows brought: a run whose later blocks bring as many new sequences as its first does
+    not lose diversity with scale."""
+    seqs: set[tuple[str, ...]] = set()
+    sigs: set[str] = set()
+    new_seq: list[int] = []
+    new_sig: list[int] = []
+    for i, r in enumerate(rows):
+        if i % block == 0:
+            new_seq.append(0)
+            new_sig.append(0)
+        key = tuple(r["ops"])
+        if key not in seqs:
+            seqs.add(key)
+            new_seq[-1] += 1
+        if signature_of is not None:
+            sig = signature_of(r)
+            if sig not in sigs:
+                sigs.add(sig)
+                new_sig[-1] += 1
+    n = len(rows)
+
+    def per_k(c: int) -> float | None:
+        return round(1000 * c / n, 1) if n else None
+
+    return {
+        "distinct_op_sequences": len(seqs),
+        "distinct_op_sequences_per_1000_rows": per_k(len(seqs)),
+        "distinct_graph_signatures": len(sigs) if signature_of is not None else None,
+        "distinct_graph_signatures_per_1000_rows": per_k(len(sigs)) if signature_of is not None else None,
+        "block_rows": block,
+        "new_op_sequences_per_block": new_seq,
+        "new_graph_signatures_per_block": new_sig if signature_of is not None else None,
+    }
 
 
 def _clip(v: Any) -> Any:
@@ -257,6 +296,7 @@ def write_report(
     stats: RunStats,
     rows: list[Mapping[str, Any]] | None = None,
     rejections: Iterable[Mapping[str, Any]] | None = None,
+    signature_of: Callable[[Mapping[str, Any]], str] | None = None,
 ) -> dict[str, Any]:
     """Write `<output_dir>/report.json` and `<output_dir>/plots/*.png`; return the report.
 
@@ -264,6 +304,8 @@ def write_report(
     rejections: optional records of rejected candidates, each a mapping with at least "reason"
         (e.g. also "seed", "stage", "detail"); a few per reason are kept as examples. The counts
         come from `stats.rejected` when it has any, else from these records.
+    signature_of: a row's graph signature, for the diversity section (the pipeline passes
+        `OpGraph.signature` of the row's `graph`; shards do not import the graph package).
     """
     output_dir = Path(output_dir)
     rows = read_rows(output_dir) if rows is None else list(rows)
@@ -309,6 +351,7 @@ def write_report(
             "compile_ms": summarize(compiled),
             "compile_speedup": summarize(speedup),
             "kb_max_similarity": summarize(sim),
+            "diversity": diversity(rows, signature_of),
         },
         "rejections": rej,
         "plots": {k: f"{PLOTS_DIR}/{v}" for k, v in plots.items()},

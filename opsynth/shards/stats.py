@@ -51,6 +51,9 @@ class RunStats:
     cluster: str = ""
     resumed_rows: int = 0
     config: dict[str, Any] = field(default_factory=dict)
+    # Seconds per stage summed over candidates (sampling, kb_check, the verifier's stages, writing);
+    # workers run in parallel, so the sum exceeds the wall time.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
     runs: int = 0
     run_added_rows: int = 0
     run_wall_time_s: float = 0.0

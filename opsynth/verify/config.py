@@ -80,6 +80,9 @@ class VerifyConfig:
     repeats: int = 20
     min_repeats: int = 5
     timing_budget_ms: float = 1000.0
+    # Stop repeating once min_repeats ran and their interquartile range is within this share of the
+    # median (0: always run the full count). Saves device time on stable GPU timings.
+    timing_rel_tol: float = 0.0
     # Serialise timing across all workers (and pools) on one device with a file lock.
     serialize_timing: bool = True
     lock_dir: str | None = None

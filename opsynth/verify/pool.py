@@ -40,6 +40,7 @@ from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
 from .config import VerifyConfig
 from .result import ACCEPTED, VerifyResult
+from .stages import gpu_sections, stage_seconds
 
 _TAIL_BYTES = 16 * 1024
 
@@ -397,22 +398,32 @@ class WorkerPool:
         """Send one request; replace the worker if it is gone or asked to be recycled. An
         out-of-memory reply on CUDA is retried once holding the device lock for the whole
         request, since other workers' allocations may have been the cause."""
+        asked = time.time()
         w = self._worker(index)
+        ready_wait = time.time() - asked  # a replacement worker still starting (stages.py: worker_restart)
         try:
             reply = w.request(msg, self.cfg.timeout_s)
         except WorkerGone:
             self._replace(index)
             raise
+        reply["ready_wait_s"] = ready_wait
         if reply.get("recycle"):
             self._replace(index)
         if (not reply.get("ok") and reply.get("reason") == "oom" and self.device == "cuda"
                 and not msg.get("exclusive")):
-            return self._request(index, {**msg, "exclusive": True})
+            retry = self._request(index, {**msg, "exclusive": True})
+            for k in ("lock_wait_s", "ready_wait_s"):  # the stage accounting keeps both attempts
+                retry[k] = float(retry.get(k) or 0.0) + float(reply.get(k) or 0.0)
+            retry["sections"] = [*(reply.get("sections") or []), *(retry.get("sections") or [])]
+            return retry
         return reply
 
-    def _result(self, reason: str, source: str, t0: float, **kw: Any) -> VerifyResult:
+    def _result(self, reason: str, source: str, t0: float, replies: list | None = None, **kw: Any) -> VerifyResult:
+        elapsed = time.monotonic() - t0
         return VerifyResult(accepted=reason == ACCEPTED, reason=reason, source=source, device=self.device_name,
-                            torch_version=self.torch_version, elapsed_s=time.monotonic() - t0, **kw)
+                            torch_version=self.torch_version, elapsed_s=elapsed,
+                            stage_s=stage_seconds(replies or [], elapsed), gpu_sections=gpu_sections(replies or []),
+                            **kw)
 
     def _verify_task(self, index: int, source: str) -> VerifyResult:
         t0 = time.monotonic()
@@ -428,7 +439,7 @@ class WorkerPool:
                 evidence = dict(gone.evidence)
                 if first is not None:
                     evidence["first_attempt"] = first.evidence
-                result = self._result(gone.reason, getattr(gone, "source", source), t0,
+                result = self._result(gone.reason, getattr(gone, "source", source), t0, getattr(gone, "replies", None),
                                       calib_steps=getattr(gone, "calib_steps", 0), evidence=evidence)
                 break
             except Exception as exc:  # noqa: BLE001 - a verifier bug must not take the pipeline down
@@ -450,20 +461,23 @@ class WorkerPool:
         cap = lim.mem_cap_gb * 2**30
         src, steps, target = source, 0, None
         history: list[dict[str, Any]] = []
+        replies: list[tuple[str, dict[str, Any]]] = []  # what each request took (stages.stage_seconds)
 
         def ask(op: str) -> dict[str, Any]:
             try:
-                return self._request(index, {"op": op, "source": src})
+                rep = self._request(index, {"op": op, "source": src})
             except WorkerGone as gone:
                 gone.evidence.update(stage=op, history=history)
-                gone.source, gone.calib_steps = src, steps  # type: ignore[attr-defined]
+                gone.source, gone.calib_steps, gone.replies = src, steps, replies  # type: ignore[attr-defined]
                 raise
+            replies.append((op, rep))
+            return rep
 
         def reject(reason: str, evidence: dict[str, Any], **kw: Any) -> VerifyResult:
             evidence = {**evidence, "history": history}
             if target is not None:
                 evidence["target_ms"] = target
-            return self._result(reason, src, t0, calib_steps=steps, evidence=evidence, **kw)
+            return self._result(reason, src, t0, replies, calib_steps=steps, evidence=evidence, **kw)
 
         while True:
             rep = ask("eager")
@@ -518,5 +532,5 @@ class WorkerPool:
             compile_ms = crep["compile_ms"]
             evidence["compile_s"] = crep["compile_s"]
             evidence["compile_backend"] = cfg.compile_backend
-        return self._result(ACCEPTED, src, t0, eager_ms=eager_ms, compile_ms=compile_ms, peak_mem_mb=peak_mb,
+        return self._result(ACCEPTED, src, t0, replies, eager_ms=eager_ms, compile_ms=compile_ms, peak_mem_mb=peak_mb,
                             calib_steps=steps, evidence=evidence)

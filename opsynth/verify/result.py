@@ -56,6 +56,8 @@ class VerifyResult:
     calib_steps: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0  # wall time this verification took, worker restarts included
+    stage_s: dict[str, float] = field(default_factory=dict)  # where elapsed_s went (verify/stages.py)
+    gpu_sections: list = field(default_factory=list)  # (start, end) wall-clock seconds of device work
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

@@ -103,10 +103,20 @@ def cpu_clock() -> tuple[str, Callable[[], float]]:
     return "wall", time.perf_counter
 
 
+def _settled(times: list[float], rel_tol: float) -> bool:
+    """The middle half of the timings lies within rel_tol of their median (a stable median)."""
+    q = sorted(times)
+    n = len(q)
+    lo, hi = q[n // 4], q[(3 * n - 1) // 4]
+    return hi - lo <= rel_tol * statistics.median(q)
+
+
 def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, min_repeats: int,
-              budget_ms: float) -> tuple[float, int]:
+              budget_ms: float, rel_tol: float = 0.0) -> tuple[float, int]:
     """Median milliseconds of ``fn()`` and the number of timed runs. Warm-up runs also estimate
-    the runtime, which caps the repeats at about ``budget_ms`` of timing."""
+    the runtime, which caps the repeats at about ``budget_ms`` of timing. With ``rel_tol`` > 0 the
+    repeats stop early, once at least ``min_repeats`` ran and their interquartile range is within
+    ``rel_tol`` of the median (CUDA-event timings of one kernel sequence usually settle at once)."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -130,10 +140,14 @@ def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, 
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
+            if rel_tol > 0 and len(times) >= min_repeats and _settled(times, rel_tol):
+                break
     else:
         clock = cpu_clock()[1]
         for _ in range(n):
             t = clock()
             fn()
             times.append((clock() - t) * 1e3)
-    return statistics.median(times) * noise_factor(), n
+            if rel_tol > 0 and len(times) >= min_repeats and _settled(times, rel_tol):
+                break
+    return statistics.median(times) * noise_factor(), len(times)

@@ -80,3 +80,30 @@ def test_cli_excluded_lists_every_left_out_candidate_with_its_reason(catalog):
     assert rows == catalog.excluded
     assert "(--excluded lists them)" in plain
     assert not any(f"  {name} " in plain for name in catalog.excluded)
+
+
+def test_operators_that_give_nan_on_some_inputs_are_excluded_for_that_not_as_random(catalog):
+    """log, sqrt, acos of a negative entry is NaN on every run: not randomness (NaN != NaN once made
+    them look stochastic), but a domain no randn-fed task keeps to, which is the reason given."""
+    for name in ("torch.log", "torch.sqrt", "torch.rsqrt", "torch.acos"):
+        assert name not in catalog
+        assert "not finite" in catalog.excluded[name] and "stochastic" not in catalog.excluded[name]
+    # a name that merely starts like a random sampler's is not excluded for it
+    assert "F.normalize" in catalog and "F.poisson_nll_loss" in catalog
+    assert "random" in catalog.excluded["torch.poisson"]
+
+
+def test_dtype_changing_operators_are_left_out(catalog):
+    assert "torch.float_power" not in catalog  # float64 output: the next float32 weight rejects it
+
+
+def test_docstring_signature_recovers_an_overload_the_overrides_hide(catalog):
+    from opsynth.catalog.mine import docstring_params
+
+    import torch
+
+    assert [p.name for p in docstring_params(torch.logsumexp)] == ["input", "dim", "keepdim"]
+    assert docstring_params(len) == []
+    spec = catalog["torch.logsumexp"]
+    assert spec.required == ("dim",) and spec.category == "reduction"
+    assert catalog["torch.movedim"].ranks == (3, 4, 5)  # needs two non-batch dimensions

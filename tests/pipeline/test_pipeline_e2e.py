@@ -94,6 +94,11 @@ def test_report_plots_and_card_are_written(generated):
     assert report["run"]["accepted"] == N_TASKS and report["run"]["n_tasks"] == N_TASKS
     assert report["run"]["thresholds"]["compile_backend"] == "inductor"
     assert report["rows"]["num_rows"] == N_TASKS
+    div = report["rows"]["diversity"]  # rows are distinct tasks: at least one sequence and N signatures
+    assert 1 <= div["distinct_op_sequences"] <= N_TASKS and div["distinct_graph_signatures"] == N_TASKS
+    stages = report["run"]["stage_seconds"]
+    assert {"sampling", "eager_checks", "compile", "timing", "writing"} <= set(stages)
+    assert all(v >= 0 for v in stages.values())
     assert set(report["plots"]) >= {"mixture", "categories", "runtimes", "speedup", "kb_similarity", "rejections"}
     for rel in report["plots"].values():
         png = (out / rel).read_bytes()

@@ -197,8 +197,9 @@ def test_control_without_isolation_the_baseline_door_is_open(doors):
     cache = doors["tmp"] / "cache_open"
     first = _run(cache, [_door("pass")], "none", doors["tmp"], doors["home"])
     assert first[0]["reward"] == 1
+    honest = {k: v["eager_ms"] for k, v in json.loads((cache / "baselines.json").read_text()).items()}
     _run(cache, [_door(_doors(cache, doors["home"], 9)["baselines_py"])], "none", doors["tmp"], doors["home"])
     data = json.loads((cache / "baselines.json").read_text())
-    assert all(v["eager_ms"] > 100 for v in data.values())  # the door rewrote the cache...
+    assert all(data[k]["eager_ms"] > 100 * honest[k] for k in honest)  # the door rewrote the cache...
     again = _run(cache, [_door("pass")], "none", doors["tmp"], doors["home"])
     assert again[0]["reward"] == 1, "...but the edited entry no longer verifies, so it was re-measured"

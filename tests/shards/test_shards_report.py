@@ -148,3 +148,20 @@ def test_count_plots_have_whole_number_ticks(tmp_path):
     assert all(float(t).is_integer() for t in ax.get_xticks())
     ax = _plot_similarity(np.array([0.1, 0.2, 0.2]), {"kb_similarity_max": 0.9}, tmp_path / "s.png").axes[0]
     assert all(float(t).is_integer() for t in ax.get_yticks())
+
+
+def test_diversity_counts_distinct_sequences_and_signatures_per_block():
+    from opsynth.shards.report import diversity
+
+    rows = [{"ops": ["nn.Conv2d", "torch.relu"], "sig": "a"}, {"ops": ["nn.Conv2d", "torch.relu"], "sig": "b"},
+            {"ops": ["nn.Linear"], "sig": "c"}, {"ops": ["nn.Conv2d", "torch.relu"], "sig": "a"},
+            {"ops": ["torch.tanh"], "sig": "d"}]
+    d = diversity(rows, signature_of=lambda r: r["sig"], block=2)
+    assert d["distinct_op_sequences"] == 3 and d["distinct_graph_signatures"] == 4
+    assert d["distinct_op_sequences_per_1000_rows"] == 600.0
+    assert d["distinct_graph_signatures_per_1000_rows"] == 800.0
+    assert d["new_op_sequences_per_block"] == [1, 1, 1]
+    assert d["new_graph_signatures_per_block"] == [2, 1, 1]
+    no_sig = diversity(rows)
+    assert no_sig["distinct_graph_signatures"] is None and no_sig["distinct_op_sequences"] == 3
+    assert diversity([])["distinct_op_sequences_per_1000_rows"] is None

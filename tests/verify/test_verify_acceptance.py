@@ -23,7 +23,7 @@ def _worker(cfg: VerifyConfig, timings: list[float]) -> Worker:
     w = Worker.__new__(Worker)  # no torch process: only the timing decision is under test
     w.cfg, w.device = cfg, "cpu"
     seq = iter(timings)
-    w._time = lambda fn: (next(seq), 10)
+    w._time = lambda fn, since: (next(seq), 10)
     return w
 
 
@@ -35,7 +35,7 @@ def _worker(cfg: VerifyConfig, timings: list[float]) -> Worker:
 ])
 def test_a_timing_near_an_edge_is_repeated_and_the_median_decides(timings, want, n):
     cfg = VerifyConfig(cpu_min_ms=1.0, cpu_max_ms=100.0)
-    ms, _, got = _worker(cfg, timings)._time_eager(lambda: None)
+    ms, _, got = _worker(cfg, timings)._time_eager(lambda: None, 0.0)
     assert ms == want and got == timings[:n]
 
 

@@ -120,6 +120,24 @@ def test_too_fast_task_is_calibrated_into_the_band(pool):
     assert r.evidence["target_ms"] == pool.verify(TOO_FAST_SCALABLE).evidence["target_ms"]
 
 
+def test_stage_seconds_account_for_the_verification(pool):
+    """Where a calibrated task's time went: every stage measured, none negative, together no more
+    than the wall time, and the device sections inside it."""
+    import time
+
+    t0 = time.time()
+    r = pool.verify(TOO_FAST_SCALABLE)
+    t1 = time.time()
+    s = r.stage_s
+    assert r.accepted and r.calib_steps >= 1
+    assert all(v >= 0 for v in s.values()), s
+    assert s["calibration"] > 0 and s["eager_checks"] > 0 and s["compile"] > 0 and s["timing"] > 0, s
+    assert sum(s.values()) == pytest.approx(r.elapsed_s, abs=0.05)
+    assert r.gpu_sections and all(t0 <= a <= b <= t1 for a, b in r.gpu_sections)
+    rej = pool.verify(FAULTY["nan_output"][0])
+    assert rej.reason == "non_finite" and rej.stage_s["eager_checks"] > 0 and rej.stage_s["compile"] == 0
+
+
 @pytest.mark.slow
 def test_inductor_backend_accepts_a_good_task_and_rejects_a_mismatch():
     cfg = VerifyConfig(device="cpu", n_workers=1, timeout_s=300.0, compile_backend="inductor",
