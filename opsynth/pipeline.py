@@ -534,7 +534,7 @@ def _describe_run(stats, cfg: GenerateConfig) -> None:
         "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
         "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": limits.mem_cap_gb,
         "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
-        "edge_margin": cfg.verify.edge_margin,
+        "edge_margin": cfg.verify.edge_margin, "edge_margin_low": cfg.verify.edge_margin_low,
     }
     stats.versions = {**default_versions(), **stats.versions}
     stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": _plain(cfg.sampler),

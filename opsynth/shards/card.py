@@ -131,7 +131,7 @@ def _checks_section(stats: RunStats) -> list[str]:
     kind = stats.reference_rates.get("device_kind") or ("cpu" if stats.device == "cpu" else "cuda")
     p = "cpu_" if kind == "cpu" else ""
     lo, hi = v.get(p + "min_ms"), v.get(p + "max_ms")
-    m = v.get("edge_margin", 0.0)
+    m, m_low = v.get("edge_margin", 0.0), v.get("edge_margin_low", v.get("edge_margin", 0.0))
     clock = "CUDA events" if kind == "cuda" else "the thread CPU time of a single-threaded worker"
     out = ["", "## Sizes and checks", ""]
     sizes = ("Sizes are a function of the seed and the settings alone: each candidate's target eager time is drawn "
@@ -155,7 +155,7 @@ def _checks_section(stats: RunStats) -> list[str]:
                       "without a clock).")
     out.append(sizes)
     out += ["", _table(["check", "how", "exact?"], [
-        ["runtime band", (f"eager median, timed with {clock}, inside [{lo} x (1 + {m}), {hi} x (1 - {m})] ms for the "
+        ["runtime band", (f"eager median, timed with {clock}, inside [{lo} x (1 + {m_low}), {hi} x (1 - {m})] ms for the "
                           f"promised [{lo}, {hi}] ms; a first timing within {v.get('recheck_zone')}x of an edge is "
                           f"repeated ({v.get('recheck_timings')} timings, median decides)"), "a measurement"],
         ["finite, not constant", "no NaN or Inf; not every element equal to the first", "bitwise"],

@@ -87,12 +87,15 @@ class VerifyConfig:
     serialize_timing: bool = True
     lock_dir: str | None = None
 
-    # Acceptance: the measured eager median must lie inside the band by `edge_margin` on each side
-    # ([min_ms * (1 + m), max_ms * (1 - m)]: 1.1 to 90 ms for the 1 to 100 ms band), so that an
-    # independent re-measurement still finds the row inside the band it promises. A first timing
-    # within a factor `recheck_zone` of either edge is repeated, `recheck_timings` timings in all,
-    # and their median decides.
+    # Acceptance: the measured eager median must lie inside the band by a margin on each side,
+    # [min_ms * (1 + edge_margin_low), max_ms * (1 - edge_margin)] (1.2 to 90 ms for the 1 to 100 ms
+    # band), so that an independent re-measurement still finds the row inside the band it promises.
+    # The low edge keeps the wider margin: a timing taken while other workers use the device reads
+    # high, not low (a quiet re-measurement found rows verified at 1.02 to 1.08 ms 6 to 9 % faster).
+    # A first timing within a factor `recheck_zone` of either edge is repeated, `recheck_timings`
+    # timings in all, and their median decides.
     edge_margin: float = 0.1
+    edge_margin_low: float = 0.2
     recheck_zone: float = 1.5
     recheck_timings: int = 3
 
@@ -128,8 +131,9 @@ class VerifyConfig:
     cpu_cost_kernel_us: float = 1.8
 
     def __post_init__(self) -> None:
-        if not 0 <= self.edge_margin < 0.5:
-            raise ValueError(f"verify.edge_margin must be in [0, 0.5), got {self.edge_margin}")
+        for name in ("edge_margin", "edge_margin_low"):
+            if not 0 <= getattr(self, name) < 0.5:
+                raise ValueError(f"verify.{name} must be in [0, 0.5), got {getattr(self, name)}")
         if self.recheck_zone < 1 or self.recheck_timings < 1:
             raise ValueError("verify.recheck_zone must be >= 1 and verify.recheck_timings >= 1")
         for dev in ("cpu", "cuda"):
@@ -152,7 +156,7 @@ class VerifyConfig:
     def accept_window(self, device: str) -> tuple[float, float]:
         """The measured eager median a task must have to be accepted on ``device``."""
         lim = self.limits(device)
-        return lim.min_ms * (1 + self.edge_margin), lim.max_ms * (1 - self.edge_margin)
+        return lim.min_ms * (1 + self.edge_margin_low), lim.max_ms * (1 - self.edge_margin)
 
     def rates(self, device: str):
         """The cost model's reference rates on ``device`` ("cpu" or "cuda")."""

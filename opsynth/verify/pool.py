@@ -501,7 +501,7 @@ class WorkerPool:
             band = "too_fast" if eager_ms < lo_ms else "too_slow"
             ev = {"stage": "band", "eager_ms": eager_ms,
                   "message": f"eager {eager_ms:.4g} ms outside the acceptance window [{lo_ms:.4g}, {hi_ms:.4g}] ms "
-                             f"(band [{lim.min_ms}, {lim.max_ms}] ms less the {cfg.edge_margin:g} edge margin)"}
+                             f"(band [{lim.min_ms}, {lim.max_ms}] ms less its edge margins)"}
             if not cfg.calibrate:
                 return reject(band, ev, eager_ms=eager_ms, peak_mem_mb=peak_mb)
             if batch is None:
