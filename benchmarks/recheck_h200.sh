@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPSYNTH_KERNELBENCH=$PWD/.kb
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/generate"
 DS=/tmp/gen_h200
 N=${N_TASKS:-520}
-timeout 330 python3 -m pipelines.generate cluster=local_cuda cluster.threads_per_worker=14 verify=cuda n_tasks=$N \
+timeout 330 python3 -m pipelines.generate cluster=local_cuda verify=cuda n_tasks=$N \
   output_dir=$DS hydra.run.dir=/tmp/hydra_gen progress=false > "$OUT/generate.log" 2>&1
 echo "generate exit code $?"; tail -4 "$OUT/generate.log"
 cp $DS/report.json $DS/README.md $DS/.opsynth-state.json "$OUT/generate/" 2>/dev/null
