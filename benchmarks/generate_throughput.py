@@ -271,8 +271,10 @@ def baseline_child(spec: dict) -> int:
     """One candidate at a time, each verified by a fresh `python -m opsynth.verify` process."""
     from opsynth.catalog import load_catalog
     from opsynth.graph import Sampler, SamplingError
+    from opsynth.graph.cost import with_batch
     from opsynth.pipeline import CPU_SCALE, candidate_seed
     from opsynth.render import render_task
+    from opsynth.verify.sizing import choose_batch
 
     cfg = compose(spec["overrides"])
     if cfg.sampler.scale is None:
@@ -306,7 +308,12 @@ def baseline_child(spec: dict) -> int:
         except SamplingError:
             res["reasons"]["sampling_failed"] = res["reasons"].get("sampling_failed", 0) + 1
             continue
-        src = render_task(st.graph, sampler.catalog)
+        # Sized as the pipeline sizes it (the cost model, before verification).
+        size = choose_batch(st.graph, sampler.catalog, st.seed, cfg.verify, spec["device"])
+        if size.reason:
+            res["reasons"][size.reason] = res["reasons"].get(size.reason, 0) + 1
+            continue
+        src = render_task(with_batch(st.graph, size.batch), sampler.catalog)
         if kb is not None and kb.check(src).rejected:
             res["kb_rejected"] += 1
             continue

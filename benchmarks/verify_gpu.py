@@ -142,7 +142,10 @@ def main() -> int:
     args = ap.parse_args()
 
     workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
-    cfg = VerifyConfig(device=args.device, n_workers=workers, compile_backend=args.backend, timeout_s=args.timeout_s)
+    # Sources without an op graph (sampled as drawn, or KernelBench): the verifier's timing calibration
+    # sizes them (the generate pipeline sizes its tasks with the cost model instead).
+    cfg = VerifyConfig(device=args.device, n_workers=workers, compile_backend=args.backend, timeout_s=args.timeout_s,
+                       calibrate=True)
     t_all = time.time()
     tasks = (sample_tasks(args.candidates, args.seed_start) if args.source == "sampler"
              else kernelbench_tasks(args.candidates, args.kernelbench))
