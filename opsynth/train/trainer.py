@@ -204,11 +204,11 @@ def train(
         callbacks=[MetricsJsonl(metrics_path, resume_step=_checkpoint_step(checkpoint),
                                 rollouts=rollout, rollouts_path=rollouts_path)],
     )
-    if settings.print_steps:
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-        trainer.remove_callback(ProgressCallback)  # it prints each step's whole log dict
-        trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)  # both print each step's whole log dict (some 40 keys)
+    trainer.remove_callback(PrinterCallback)
+    if settings.print_steps:
         trainer.add_callback(StepPrinter(episode.turns))
     result = trainer.train(resume_from_checkpoint=checkpoint)
     final_dir = os.path.join(settings.output_dir, "final")
