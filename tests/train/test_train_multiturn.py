@@ -291,3 +291,22 @@ def test_training_raises_the_second_turn_reward_when_the_feedback_names_the_fix(
     assert all(r["completions/mean_length"] == pytest.approx(r["episode/turns"]) for r in steps)
     rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts-rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rollouts] == list(range(1, 11)) and all(len(r["evaluation_s"]) == 2 for r in rollouts)
+
+    # Scoring plays the same episodes (greedy) and puts single-turn and multi-turn side by side.
+    from opsynth.train.bandit import hidden_answer_candidates, hidden_answer_env, hidden_prompt_fn, hint_feedback
+    from opsynth.train.data import load_rows
+    from opsynth.train.reward_fn import KernelReward
+    from opsynth.train.score import format_table, score_episodes, summarize_episodes
+
+    model, tok = policy
+    rows = load_rows(shards)
+    table = hidden_answer_candidates()
+    judge = KernelReward(completion_to_candidate=lambda t: table.get(t.strip(), t), evaluate_many_fn=hidden_answer_env)
+    prompt_ids = [tok(hidden_prompt_fn(r)["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+    episodes = score_episodes(model, tok, rows, chat=False, turns=2, max_new_tokens=1, reward=judge,
+                              feedback=hint_feedback, prompt_ids=prompt_ids)
+    s = summarize_episodes(episodes, turns=2)
+    first, second = s["by_turn"]
+    assert first["pass_rate"] <= 1 / 3 + 1e-9 and second["pass_rate"] >= 2 / 3, (first, second)
+    text = format_table(s)
+    assert "single-turn" in text and "after turn 2" in text
