@@ -228,25 +228,38 @@ def write_task_shards(folder: str, code: str | list[str], n: int = 4) -> str:
 
 def bandit_settings(shards: str, output_dir: str, steps: int = 5, num_generations: int = 8,
                     learning_rate: float = 0.2, seed: int = 0, reward_env: dict | None = None):
-    """Training settings that make the bandit learn within a handful of steps."""
+    """Training settings that make the bandit learn within a handful of steps (single-turn)."""
     from opsynth.train.trainer import TrainSettings
 
     return TrainSettings(
         shards=shards, output_dir=output_dir, split="all", seed=seed, reward_workers=2,
-        reward_env=dict(reward_env or {}),
+        reward_env=dict(reward_env or {}), turns=1, print_steps=False,
         trainer=dict(steps=steps, learning_rate=learning_rate, beta=0.0, num_generations=num_generations,
                      per_device_train_batch_size=num_generations, max_completion_length=1, temperature=1.0,
                      save_steps=10_000, loss_type="grpo", bf16=False, gradient_checkpointing=False),
     )
 
 
-def train_bandit(shards: str, output_dir: str, device: str, **kw: Any) -> dict[str, Any]:
-    """Run GRPO on the bandit; returns the training summary (reward per step included)."""
+def correct_probability(model, tokenizer) -> float:
+    """The policy's probability of answering with a correct program (A or B) to the prompt."""
+    import torch
+
+    ids = torch.tensor([tokenizer(PROMPT, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        p = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+    return float(sum(p[tokenizer.convert_tokens_to_ids(t)] for t in ("A", "B")))
+
+
+def train_bandit(shards: str, output_dir: str, device: str, policy: Any = None, evaluate_many_fn: Any = None,
+                 **kw: Any) -> dict[str, Any]:
+    """Run GRPO on the bandit; returns the training summary (reward per step included). `policy`
+    (model, tokenizer) is trained in place (default: a fresh `one_token_policy`)."""
     from opsynth.train.trainer import train
 
     settings = bandit_settings(shards, output_dir, **kw)
     return train(settings, completion_to_candidate=choice_mapper(device),
-                 model_and_tokenizer=one_token_policy(settings.seed), prompt_fn=prompt_fn)
+                 model_and_tokenizer=policy or one_token_policy(settings.seed), prompt_fn=prompt_fn,
+                 evaluate_many_fn=evaluate_many_fn)
 
 
 # ---- Multi-turn: the right answer is hidden in the task, and the feedback names it ----------------

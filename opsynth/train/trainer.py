@@ -69,13 +69,13 @@ class TrainSettings:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainSettings":
+        """From a plain mapping (conf/train.yaml as a dict): unknown keys and mistyped values are an
+        error naming the setting (the shared config builder)."""
+        from opsynth.config import build
+
         d = dict(d)
         d["policy"] = PolicyConfig.from_dict(d.get("policy"))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown training settings: {unknown}")
-        return cls(**d)
+        return build(cls, d, "train")
 
 
 def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
