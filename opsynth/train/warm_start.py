@@ -1,0 +1,459 @@
+"""Programs for the smoke policy's warm start: C++ candidates written from a task's own code.
+
+The smoke policy is a tiny random model; trained from scratch it never writes a program, so the
+reward environment would judge nothing. Before GRPO it is taught (supervised) to answer some of its
+training tasks with a real `ModelNew`: one written here from the task's own source for the tasks
+made of operators this module knows how to lower (pointwise functions, scalar and broadcast
+arithmetic, `nn.Linear` and `matmul` by a weight, softmax and reductions over one dim), all calling
+one shared C++ extension (`LIBRARY`: an op-code loop for pointwise chains, plain loops for the rest,
+no torch compute in it), so every such program builds once and then only runs.
+
+`lower_task(code)` returns the candidate source or None when the task has an operator, an input or
+an argument it does not handle. The programs are correct, not fast; what they are for is to put the
+environment's building, running and judging in the demo's loop from the first step.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any
+
+LIBRARY = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+// One pointwise function by op code; a and b are its arguments.
+static inline float pw(int64_t op, float v, float a, float b) {
+    switch (op) {
+        case 0: return v > 0.f ? v : 0.f;                                           // relu
+        case 1: return 1.f / (1.f + std::exp(-v));                                  // sigmoid
+        case 2: return std::tanh(v);                                                // tanh
+        case 3: return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));       // gelu
+        case 4: return 0.5f * v * (1.f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));  // gelu tanh
+        case 5: return v / (1.f + std::exp(-v));                                    // silu
+        case 6: return v / (1.f + std::fabs(v));                                    // softsign
+        case 7: return v < 0.f ? v - std::log1p(std::exp(v)) : -std::log1p(std::exp(-v));  // logsigmoid
+        case 8: { float sp = v > 20.f ? v : std::log1p(std::exp(v)); return v * std::tanh(sp); }  // mish
+        case 9: return v * a > b ? v : std::log1p(std::exp(v * a)) / a;             // softplus(beta, threshold)
+        case 10: return v > 0.f ? v : a * (std::exp(v) - 1.f);                      // elu(alpha)
+        case 11: return 1.0507009873554805f * (v > 0.f ? v : 1.6732632423543772f * (std::exp(v) - 1.f));  // selu
+        case 12: return v > 0.f ? v : a * (std::exp(v / a) - 1.f);                  // celu(alpha)
+        case 13: return v > 0.f ? v : a * v;                                        // leaky_relu(slope)
+        case 14: return std::min(std::max(v, a), b);                                // hardtanh(min, max)
+        case 15: return std::min(std::max(v, 0.f), 6.f);                            // relu6
+        case 16: return std::min(std::max(v / 6.f + 0.5f, 0.f), 1.f);               // hardsigmoid
+        case 17: return v * std::min(std::max(v + 3.f, 0.f), 6.f) / 6.f;            // hardswish
+        case 18: return v - std::tanh(v);                                           // tanhshrink
+        case 19: return v > a ? v - a : (v < -a ? v + a : 0.f);                     // softshrink(lambd)
+        case 20: return (v > a || v < -a) ? v : 0.f;                                // hardshrink(lambd)
+        case 21: return std::sin(v);
+        case 22: return std::cos(v);
+        case 23: return std::exp(v);
+        case 24: return std::fabs(v);
+        case 25: return -v;
+        case 26: return std::sqrt(v);
+        case 27: return 1.f / std::sqrt(v);
+        case 28: return 1.f / v;
+        case 29: return v * v;
+        case 30: return std::expm1(v);
+        case 31: return std::erf(v);
+        case 32: return std::log1p(v);
+        case 33: return v * a;                                                      // mul by a scalar
+        case 34: return v + a;                                                      // add
+        case 35: return v - a;                                                      // sub
+        case 36: return v / a;                                                      // div
+        case 37: return std::log(v);
+        case 38: return std::trunc(v);
+        case 39: return (float)((v > 0.f) - (v < 0.f));                             // sign
+        case 40: return std::sinh(v);
+        case 41: return std::cosh(v);
+        case 42: return std::atan(v);
+        case 43: return std::asinh(v);
+        case 44: return v * 0.017453292519943295f;                                  // deg2rad
+        case 45: { float r = std::fmod(v, a); return (r != 0.f && ((r < 0.f) != (a < 0.f))) ? r + a : r; }  // remainder
+        case 46: return std::max(v, a);                                             // maximum
+        case 47: return std::min(v, a);                                             // minimum
+        case 48: return std::log2(v);
+        case 49: return std::exp2(v);
+    }
+    return v;
+}
+
+torch::Tensor pointwise(torch::Tensor x, std::vector<int64_t> ops, std::vector<double> a, std::vector<double> b) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const float* p = xc.data_ptr<float>();
+    float* q = y.data_ptr<float>();
+    const int64_t k = (int64_t)ops.size();
+    std::vector<float> fa(a.begin(), a.end()), fb(b.begin(), b.end());
+    at::parallel_for(0, xc.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+            float v = p[i];
+            for (int64_t j = 0; j < k; ++j) v = pw(ops[j], v, fa[j], fb[j]);
+            q[i] = v;
+        }
+    });
+    return y;
+}
+
+// x op other, elementwise; other has x's shape (the caller expands it).
+torch::Tensor binary(torch::Tensor x, torch::Tensor other, int64_t op) {
+    auto xc = x.contiguous();
+    auto oc = other.contiguous();
+    auto y = torch::empty_like(xc);
+    const float* p = xc.data_ptr<float>();
+    const float* o = oc.data_ptr<float>();
+    float* q = y.data_ptr<float>();
+    at::parallel_for(0, xc.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) q[i] = pw(op, p[i], o[i], 0.f);
+    });
+    return y;
+}
+
+// y[..., j] = sum_k x[..., k] * w[j, k] (+ bias[j]): nn.Linear.
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool has_bias) {
+    auto xc = x.contiguous();
+    auto wc = w.contiguous();
+    const int64_t k = xc.size(-1), m = wc.size(0), rows = xc.numel() / k;
+    auto sizes = xc.sizes().vec();
+    sizes.back() = m;
+    auto y = torch::empty(sizes, xc.options());
+    const float* X = xc.data_ptr<float>();
+    const float* W = wc.data_ptr<float>();
+    const float* B = has_bias ? bias.contiguous().data_ptr<float>() : nullptr;
+    float* Y = y.data_ptr<float>();
+    at::parallel_for(0, rows, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r)
+            for (int64_t j = 0; j < m; ++j) {
+                float acc = B ? B[j] : 0.f;
+                for (int64_t t = 0; t < k; ++t) acc += X[r * k + t] * W[j * k + t];
+                Y[r * m + j] = acc;
+            }
+    });
+    return y;
+}
+
+// y[..., n] = sum_k x[..., k] * w[k, n]: torch.matmul by a 2-D weight.
+torch::Tensor matmul(torch::Tensor x, torch::Tensor w) {
+    auto xc = x.contiguous();
+    auto wc = w.contiguous();
+    const int64_t k = xc.size(-1), n = wc.size(1), rows = xc.numel() / k;
+    auto sizes = xc.sizes().vec();
+    sizes.back() = n;
+    auto y = torch::empty(sizes, xc.options());
+    const float* X = xc.data_ptr<float>();
+    const float* W = wc.data_ptr<float>();
+    float* Y = y.data_ptr<float>();
+    at::parallel_for(0, rows, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r)
+            for (int64_t c = 0; c < n; ++c) {
+                float acc = 0.f;
+                for (int64_t t = 0; t < k; ++t) acc += X[r * k + t] * W[t * n + c];
+                Y[r * n + c] = acc;
+            }
+    });
+    return y;
+}
+
+// Reduce over one dim: mode 0 sum, 1 mean, 2 amax, 3 amin, 4 prod.
+torch::Tensor reduce(torch::Tensor x, int64_t dim, bool keepdim, int64_t mode) {
+    auto xc = x.contiguous();
+    const int64_t nd = xc.dim();
+    if (dim < 0) dim += nd;
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < dim; ++i) outer *= xc.size(i);
+    for (int64_t i = dim + 1; i < nd; ++i) inner *= xc.size(i);
+    const int64_t d = xc.size(dim);
+    auto sizes = xc.sizes().vec();
+    if (keepdim) sizes[dim] = 1; else sizes.erase(sizes.begin() + dim);
+    auto y = torch::empty(sizes, xc.options());
+    const float* p = xc.data_ptr<float>();
+    float* q = y.data_ptr<float>();
+    for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < inner; ++i) {
+            const float* s = p + o * d * inner + i;
+            float acc = mode == 2 ? -INFINITY : (mode == 3 ? INFINITY : (mode == 4 ? 1.f : 0.f));
+            for (int64_t j = 0; j < d; ++j) {
+                float v = s[j * inner];
+                if (mode <= 1) acc += v;
+                else if (mode == 2) acc = (v > acc || std::isnan(v)) ? v : acc;
+                else if (mode == 3) acc = (v < acc || std::isnan(v)) ? v : acc;
+                else acc *= v;
+            }
+            q[o * inner + i] = mode == 1 ? acc / (float)d : acc;
+        }
+    return y;
+}
+
+// Softmax over one dim: mode 0 softmax, 1 log_softmax, 2 softmin.
+torch::Tensor softmax(torch::Tensor x, int64_t dim, int64_t mode) {
+    auto xc = x.contiguous();
+    const int64_t nd = xc.dim();
+    if (dim < 0) dim += nd;
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < dim; ++i) outer *= xc.size(i);
+    for (int64_t i = dim + 1; i < nd; ++i) inner *= xc.size(i);
+    const int64_t d = xc.size(dim);
+    auto y = torch::empty_like(xc);
+    const float* p = xc.data_ptr<float>();
+    float* q = y.data_ptr<float>();
+    const float sign = mode == 2 ? -1.f : 1.f;
+    for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < inner; ++i) {
+            const float* s = p + o * d * inner + i;
+            float* t = q + o * d * inner + i;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < d; ++j) mx = std::max(mx, sign * s[j * inner]);
+            float sum = 0.f;
+            for (int64_t j = 0; j < d; ++j) sum += std::exp(sign * s[j * inner] - mx);
+            for (int64_t j = 0; j < d; ++j) {
+                float z = sign * s[j * inner] - mx;
+                t[j * inner] = mode == 1 ? z - std::log(sum) : std::exp(z) / sum;
+            }
+        }
+    return y;
+}
+"""
+
+HEADER = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_SRC = r"""{library}"""
+
+_ext = load_inline(name="opsynth_smoke_kernels", cpp_sources=[_SRC],
+                   functions=["pointwise", "binary", "linear", "matmul", "reduce", "softmax"],
+                   extra_cflags=["-O3"], verbose=False)
+
+'''
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    code: int
+    params: tuple[tuple[str, float], ...] = ()  # (argument name, default), as the function names them
+
+
+# Pointwise functions: torch / F name -> op code and arguments; nn modules by class name.
+POINTWISE: dict[str, Pointwise] = {
+    "relu": Pointwise(0), "sigmoid": Pointwise(1), "tanh": Pointwise(2), "gelu": Pointwise(3), "silu": Pointwise(5),
+    "softsign": Pointwise(6), "logsigmoid": Pointwise(7), "mish": Pointwise(8),
+    "softplus": Pointwise(9, (("beta", 1.0), ("threshold", 20.0))), "elu": Pointwise(10, (("alpha", 1.0),)),
+    "selu": Pointwise(11), "celu": Pointwise(12, (("alpha", 1.0),)),
+    "leaky_relu": Pointwise(13, (("negative_slope", 0.01),)),
+    "hardtanh": Pointwise(14, (("min_val", -1.0), ("max_val", 1.0))), "relu6": Pointwise(15),
+    "hardsigmoid": Pointwise(16), "hardswish": Pointwise(17), "tanhshrink": Pointwise(18),
+    "softshrink": Pointwise(19, (("lambd", 0.5),)), "hardshrink": Pointwise(20, (("lambd", 0.5),)),
+    "sin": Pointwise(21), "cos": Pointwise(22), "exp": Pointwise(23), "abs": Pointwise(24), "neg": Pointwise(25),
+    "negative": Pointwise(25), "sqrt": Pointwise(26), "rsqrt": Pointwise(27), "reciprocal": Pointwise(28),
+    "square": Pointwise(29), "expm1": Pointwise(30), "erf": Pointwise(31), "log1p": Pointwise(32), "log": Pointwise(37),
+    "trunc": Pointwise(38), "fix": Pointwise(38), "sign": Pointwise(39), "sinh": Pointwise(40), "cosh": Pointwise(41),
+    "atan": Pointwise(42), "arctan": Pointwise(42), "asinh": Pointwise(43), "arcsinh": Pointwise(43),
+    "deg2rad": Pointwise(44), "log2": Pointwise(48), "exp2": Pointwise(49),
+}
+MODULES = {
+    "ReLU": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "GELU": "gelu", "SiLU": "silu", "Softsign": "softsign",
+    "LogSigmoid": "logsigmoid", "Mish": "mish", "Softplus": "softplus", "ELU": "elu", "SELU": "selu", "CELU": "celu",
+    "LeakyReLU": "leaky_relu", "Hardtanh": "hardtanh", "ReLU6": "relu6", "Hardsigmoid": "hardsigmoid",
+    "Hardswish": "hardswish", "Tanhshrink": "tanhshrink", "Softshrink": "softshrink", "Hardshrink": "hardshrink",
+}
+BINARY = {"mul": 33, "multiply": 33, "add": 34, "sub": 35, "subtract": 35, "div": 36, "divide": 36, "true_divide": 36,
+          "remainder": 45, "maximum": 46, "minimum": 47}
+REDUCE = {"sum": 0, "mean": 1, "amax": 2, "amin": 3, "prod": 4}
+SOFTMAX = {"softmax": 0, "log_softmax": 1, "softmin": 2, "Softmax": 0, "LogSoftmax": 1, "Softmin": 2}
+
+
+class Unsupported(Exception):
+    pass
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    raise Unsupported("not a name")
+
+
+def _literal(node: ast.AST) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError):
+        raise Unsupported("not a literal") from None
+
+
+class _Task:
+    """What the lowering needs of a task: its Model's __init__ source and attributes, and forward."""
+
+    def __init__(self, code: str):
+        tree = ast.parse(code)
+        model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+        if model is None:
+            raise Unsupported("no Model")
+        fns = {n.name: n for n in model.body if isinstance(n, ast.FunctionDef)}
+        if "__init__" not in fns or "forward" not in fns:
+            raise Unsupported("no __init__/forward")
+        self.init_src = ast.get_source_segment(code, fns["__init__"], padded=True)
+        self.forward = fns["forward"]
+        self.modules: dict[str, ast.Call] = {}  # self.<attr> = nn.<Cls>(...)
+        self.tensors: set[str] = set()  # self.<attr> = nn.Parameter(...) / register_buffer
+        self.scalars: set[str] = set()  # self.<attr> = <an __init__ argument or a number>
+        init_args = {a.arg for a in fns["__init__"].args.args[1:]}
+        for st in ast.walk(fns["__init__"]):
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Attribute):
+                t = st.targets[0]
+                if not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                    continue
+                v = st.value
+                if isinstance(v, ast.Call):
+                    fn = _dotted(v.func) if isinstance(v.func, (ast.Attribute, ast.Name)) else ""
+                    if fn in ("nn.Parameter", "torch.nn.Parameter"):
+                        self.tensors.add(t.attr)
+                    elif fn.startswith(("nn.", "torch.nn.")):
+                        self.modules[t.attr] = v
+                elif (isinstance(v, ast.Name) and v.id in init_args) or (
+                        isinstance(v, ast.Constant) and isinstance(v.value, (int, float))):
+                    self.scalars.add(t.attr)
+            if isinstance(st, ast.Call) and isinstance(st.func, ast.Attribute) and st.func.attr == "register_buffer":
+                if st.args and isinstance(st.args[0], ast.Constant):
+                    self.tensors.add(st.args[0].value)
+
+
+def _argument(call: ast.Call, pos: int, name: str, default: Any, module_attr: str | None = None) -> str:
+    """Python source for one argument of an op: a literal (or the default), or, for an nn module
+    built with a non-literal argument, the module's attribute read at run time."""
+    node = next((k.value for k in call.keywords if k.arg == name), None)
+    if node is None and len(call.args) > pos:
+        node = call.args[pos]
+    if node is None:
+        return repr(default)
+    try:
+        return repr(_literal(node))
+    except Unsupported:
+        if module_attr is not None:
+            return f"self.{module_attr}.{name}"
+        raise
+
+
+def _lower_step(task: _Task, call: ast.Call) -> tuple[str, Any]:
+    """One forward statement -> ("pw", (code, a, b)) or ("call", python expression of the new x)."""
+    if not isinstance(call, ast.Call) or not call.args or not (isinstance(call.args[0], ast.Name) and call.args[0].id == "x"):
+        raise Unsupported("not an op on x")
+    fn = _dotted(call.func)
+    if fn.startswith("self."):  # a module built in __init__
+        attr = fn[len("self."):]
+        ctor = task.modules.get(attr)
+        if ctor is None or len(call.args) != 1 or call.keywords:
+            raise Unsupported(fn)
+        cls = _dotted(ctor.func).rsplit(".", 1)[-1]
+        if cls in MODULES:
+            spec = POINTWISE[MODULES[cls]]
+            code = spec.code
+            if cls == "GELU" and _argument(ctor, 0, "approximate", "none") == repr("tanh"):
+                code = 4
+            args = [_argument(ctor, i, n, d, module_attr=attr) for i, (n, d) in enumerate(spec.params)]
+            return "pw", (code, *(args + ["0.0", "0.0"])[:2])
+        if cls == "Linear":
+            m = f"self.{attr}"
+            return "call", f"_ext.linear(x, {m}.weight, {m}.bias if {m}.bias is not None else {m}.weight, {m}.bias is not None)"
+        if cls in SOFTMAX:
+            return "call", f"_ext.softmax(x, {_argument(ctor, 0, 'dim', None, module_attr=attr)}, {SOFTMAX[cls]})"
+        raise Unsupported(cls)
+    head, _, name = fn.rpartition(".")
+    if head not in ("torch", "F", "torch.nn.functional"):
+        raise Unsupported(fn)
+    if name in POINTWISE:
+        spec = POINTWISE[name]
+        code = spec.code
+        if name == "gelu" and _argument(call, 1, "approximate", "none") == repr("tanh"):
+            code = 4
+        args = [_argument(call, i + 1, n, d) for i, (n, d) in enumerate(spec.params)]
+        return "pw", (code, *(args + ["0.0", "0.0"])[:2])
+    if name in BINARY:
+        if len(call.args) != 2 or call.keywords:
+            raise Unsupported(fn)
+        other = call.args[1]
+        if isinstance(other, ast.Constant) and isinstance(other.value, (int, float)):
+            return "pw", (BINARY[name], repr(float(other.value)), "0.0")
+        if isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name) and other.value.id == "self":
+            if other.attr in task.scalars:
+                return "pw", (BINARY[name], f"float(self.{other.attr})", "0.0")
+            if other.attr in task.tensors:
+                return "call", f"_ext.binary(x, self.{other.attr}.expand_as(x), {BINARY[name]})"
+        raise Unsupported(fn)
+    if name == "matmul":
+        other = call.args[1] if len(call.args) == 2 else None
+        if isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name) and other.attr in task.tensors:
+            return "call", f"_ext.matmul(x, self.{other.attr})"
+        raise Unsupported(fn)
+    if name in REDUCE:
+        dim = _argument(call, 1, "dim", None)
+        keep = _argument(call, 2, "keepdim", False)
+        if not dim.lstrip("-").isdigit():
+            raise Unsupported(f"{fn} over {dim}")
+        return "call", f"_ext.reduce(x, {dim}, {keep}, {REDUCE[name]})"
+    if name in SOFTMAX:
+        dim = _argument(call, 1, "dim", None)
+        if not dim.lstrip("-").isdigit():
+            raise Unsupported(f"{fn} over {dim}")
+        return "call", f"_ext.softmax(x, {dim}, {SOFTMAX[name]})"
+    raise Unsupported(fn)
+
+
+def lower_task(code: str) -> str | None:
+    """A correct C++ `ModelNew` for the task, or None if it uses something this module does not lower."""
+    try:
+        task = _Task(code)
+        fwd = task.forward
+        if [a.arg for a in fwd.args.args] != ["self", "x"] or fwd.args.vararg or fwd.args.kwonlyargs:
+            raise Unsupported("forward must take one input x")
+        *steps, ret = fwd.body
+        if not (isinstance(ret, ast.Return) and isinstance(ret.value, ast.Name) and ret.value.id == "x"):
+            raise Unsupported("forward must end with return x")
+        lines: list[str] = []
+        run: list[tuple[int, str, str]] = []
+
+        def flush():
+            if run:
+                codes = ", ".join(str(c) for c, _, _ in run)
+                a = ", ".join(x for _, x, _ in run)
+                b = ", ".join(x for _, _, x in run)
+                lines.append(f"x = _ext.pointwise(x, [{codes}], [{a}], [{b}])")
+                run.clear()
+
+        for st in steps:
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and st.targets[0].id == "x"):
+                raise Unsupported("forward must be a chain of x = op(x, ...)")
+            kind, what = _lower_step(task, st.value)
+            if kind == "pw":
+                run.append(what)
+            else:
+                flush()
+                lines.append(f"x = {what}")
+        flush()
+    except (Unsupported, SyntaxError, KeyError):
+        return None
+    body = "\n".join(f"        {ln}" for ln in lines)
+    init = task.init_src or ""
+    return (HEADER.format(library=LIBRARY) + "\nclass ModelNew(nn.Module):\n" + init.rstrip() + "\n\n"
+            "    def forward(self, x):\n" + body + "\n        return x\n")
+
+
+def warm_start_pairs(rows: list[dict[str, Any]], limit: int | None = None) -> list[tuple[dict[str, Any], str]]:
+    """(task row, candidate) for the rows `lower_task` handles, at most `limit`."""
+    out = []
+    for r in rows:
+        cand = lower_task(r["code"])
+        if cand is not None:
+            out.append((r, cand))
+            if limit and len(out) >= limit:
+                break
+    return out
