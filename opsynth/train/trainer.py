@@ -165,10 +165,21 @@ def train(
     else:
         from accelerate import PartialState
 
+        from opsynth.train.policy import SMOKE_NAME
+        from opsynth.train.warm_start import smoke_examples
+
+        examples = []
+        if settings.policy.name_or_path == SMOKE_NAME:
+            examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks)
+            if settings.policy.smoke.warm_start_tasks:
+                print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' C++ programs"
+                      + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
+                         "the smoke policy will not write programs)"), flush=True)
         # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.
         with PartialState().main_process_first():
             model, tokenizer, chat = load_policy(
-                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows]
+                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows],
+                warm_start_examples=examples,
             )
     records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat) for r in rows]
     dataset = Dataset.from_list(records)

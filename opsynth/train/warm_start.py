@@ -4,7 +4,8 @@ The smoke policy is a tiny random model; trained from scratch it never writes a 
 reward environment would judge nothing. Before GRPO it is taught (supervised) to answer some of its
 training tasks with a real `ModelNew`: one written here from the task's own source for the tasks
 made of operators this module knows how to lower (pointwise functions, scalar and broadcast
-arithmetic, `nn.Linear` and `matmul` by a weight, softmax and reductions over one dim), all calling
+arithmetic, `nn.Linear` and `matmul` by a weight, `nn.Conv1d` / `nn.Conv2d`, softmax, reductions
+and scans over one dim, `tril` / `triu`), all calling
 one shared C++ extension (`LIBRARY`: an op-code loop for pointwise chains, plain loops for the rest,
 no torch compute in it), so every such program builds once and then only runs.
 
@@ -217,6 +218,86 @@ torch::Tensor softmax(torch::Tensor x, int64_t dim, int64_t mode) {
         }
     return y;
 }
+
+// Scan over one dim: mode 0 cumsum, 1 cumprod, 2 logcumsumexp.
+torch::Tensor scan(torch::Tensor x, int64_t dim, int64_t mode) {
+    auto xc = x.contiguous();
+    const int64_t nd = xc.dim();
+    if (dim < 0) dim += nd;
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < dim; ++i) outer *= xc.size(i);
+    for (int64_t i = dim + 1; i < nd; ++i) inner *= xc.size(i);
+    const int64_t d = xc.size(dim);
+    auto y = torch::empty_like(xc);
+    const float* p = xc.data_ptr<float>();
+    float* q = y.data_ptr<float>();
+    for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < inner; ++i) {
+            const int64_t base = o * d * inner + i;
+            double acc = mode == 1 ? 1.0 : (mode == 2 ? -INFINITY : 0.0);
+            for (int64_t j = 0; j < d; ++j) {
+                const double v = p[base + j * inner];
+                if (mode == 0) acc += v;
+                else if (mode == 1) acc *= v;
+                else { const double m = std::max(acc, v); acc = m == -INFINITY ? m : m + std::log(std::exp(acc - m) + std::exp(v - m)); }
+                q[base + j * inner] = (float)acc;
+            }
+        }
+    return y;
+}
+
+// nn.Conv1d / nn.Conv2d (zero padding): x [N, C, (H,) W], w [O, C / groups, (KH,) KW]; 1-D as H = 1.
+torch::Tensor conv2d(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool has_bias, int64_t sh, int64_t sw,
+                     int64_t ph, int64_t pw_, int64_t dh, int64_t dw, int64_t groups) {
+    const bool one_d = x.dim() == 3;
+    auto xc = (one_d ? x.unsqueeze(2) : x).contiguous();
+    auto wc = (one_d ? w.unsqueeze(2) : w).contiguous();
+    const int64_t n = xc.size(0), c = xc.size(1), h = xc.size(2), wd = xc.size(3);
+    const int64_t o = wc.size(0), cg = wc.size(1), kh = wc.size(2), kw = wc.size(3), og = o / groups;
+    const int64_t oh = (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1, ow = (wd + 2 * pw_ - dw * (kw - 1) - 1) / sw + 1;
+    auto y = torch::empty({n, o, oh, ow}, xc.options());
+    const float* X = xc.data_ptr<float>();
+    const float* W = wc.data_ptr<float>();
+    const float* B = has_bias ? bias.contiguous().data_ptr<float>() : nullptr;
+    float* Y = y.data_ptr<float>();
+    at::parallel_for(0, n * o, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t no = lo; no < hi; ++no) {
+            const int64_t b = no / o, oc = no % o, g = oc / og;
+            for (int64_t yi = 0; yi < oh; ++yi)
+                for (int64_t xi = 0; xi < ow; ++xi) {
+                    float acc = B ? B[oc] : 0.f;
+                    for (int64_t ci = 0; ci < cg; ++ci)
+                        for (int64_t a = 0; a < kh; ++a) {
+                            const int64_t iy = yi * sh - ph + a * dh;
+                            if (iy < 0 || iy >= h) continue;
+                            for (int64_t e = 0; e < kw; ++e) {
+                                const int64_t ix = xi * sw - pw_ + e * dw;
+                                if (ix < 0 || ix >= wd) continue;
+                                acc += X[((b * c + g * cg + ci) * h + iy) * wd + ix] * W[((oc * cg + ci) * kh + a) * kw + e];
+                            }
+                        }
+                    Y[((b * o + oc) * oh + yi) * ow + xi] = acc;
+                }
+        }
+    });
+    return one_d ? y.squeeze(2) : y;
+}
+
+// torch.tril / torch.triu over the last two dims (mode 0 tril, 1 triu), diagonal k.
+torch::Tensor tri(torch::Tensor x, int64_t k, int64_t mode) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const int64_t r = xc.size(-2), c = xc.size(-1), mats = xc.numel() / (r * c);
+    const float* p = xc.data_ptr<float>();
+    float* q = y.data_ptr<float>();
+    for (int64_t m = 0; m < mats; ++m)
+        for (int64_t i = 0; i < r; ++i)
+            for (int64_t j = 0; j < c; ++j) {
+                const bool keep = mode == 0 ? (j - i <= k) : (j - i >= k);
+                q[(m * r + i) * c + j] = keep ? p[(m * r + i) * c + j] : 0.f;
+            }
+    return y;
+}
 """
 
 HEADER = '''import torch
@@ -226,7 +307,7 @@ from torch.utils.cpp_extension import load_inline
 _SRC = r"""{library}"""
 
 _ext = load_inline(name="opsynth_smoke_kernels", cpp_sources=[_SRC],
-                   functions=["pointwise", "binary", "linear", "matmul", "reduce", "softmax"],
+                   functions=["pointwise", "binary", "linear", "matmul", "reduce", "softmax", "scan", "conv2d", "tri"],
                    extra_cflags=["-O3"], verbose=False)
 
 '''
@@ -265,6 +346,8 @@ BINARY = {"mul": 33, "multiply": 33, "add": 34, "sub": 35, "subtract": 35, "div"
           "remainder": 45, "maximum": 46, "minimum": 47}
 REDUCE = {"sum": 0, "mean": 1, "amax": 2, "amin": 3, "prod": 4}
 SOFTMAX = {"softmax": 0, "log_softmax": 1, "softmin": 2, "Softmax": 0, "LogSoftmax": 1, "Softmin": 2}
+SCAN = {"cumsum": 0, "cumprod": 1, "logcumsumexp": 2}
+TRI = {"tril": 0, "triu": 1}
 
 
 class Unsupported(Exception):
@@ -365,6 +448,18 @@ def _lower_step(task: _Task, call: ast.Call) -> tuple[str, Any]:
             return "call", f"_ext.linear(x, {m}.weight, {m}.bias if {m}.bias is not None else {m}.weight, {m}.bias is not None)"
         if cls in SOFTMAX:
             return "call", f"_ext.softmax(x, {_argument(ctor, 0, 'dim', None, module_attr=attr)}, {SOFTMAX[cls]})"
+        if cls in ("Conv1d", "Conv2d"):
+            pm = next((k.value for k in ctor.keywords if k.arg == "padding_mode"), None)
+            pad = next((k.value for k in ctor.keywords if k.arg == "padding"), ctor.args[4] if len(ctor.args) > 4 else None)
+            if (pm is not None and _literal(pm) != "zeros") or (isinstance(pad, ast.Constant) and isinstance(pad.value, str)):
+                raise Unsupported("conv padding mode")
+            m = f"self.{attr}"
+            i, j = ("0", "0") if cls == "Conv1d" else ("0", "1")
+            h = "1" if cls == "Conv1d" else f"{m}.stride[{i}]"
+            geo = (f"{h}, {m}.stride[{j}], " + ("0" if cls == "Conv1d" else f"{m}.padding[{i}]") + f", {m}.padding[{j}], "
+                   + ("1" if cls == "Conv1d" else f"{m}.dilation[{i}]") + f", {m}.dilation[{j}], {m}.groups")
+            return "call", (f"_ext.conv2d(x, {m}.weight, {m}.bias if {m}.bias is not None else {m}.weight, "
+                            f"{m}.bias is not None, {geo})")
         raise Unsupported(cls)
     head, _, name = fn.rpartition(".")
     if head not in ("torch", "F", "torch.nn.functional"):
@@ -399,11 +494,16 @@ def _lower_step(task: _Task, call: ast.Call) -> tuple[str, Any]:
         if not dim.lstrip("-").isdigit():
             raise Unsupported(f"{fn} over {dim}")
         return "call", f"_ext.reduce(x, {dim}, {keep}, {REDUCE[name]})"
-    if name in SOFTMAX:
+    if name in SOFTMAX or name in SCAN:
         dim = _argument(call, 1, "dim", None)
         if not dim.lstrip("-").isdigit():
             raise Unsupported(f"{fn} over {dim}")
-        return "call", f"_ext.softmax(x, {dim}, {SOFTMAX[name]})"
+        return "call", (f"_ext.softmax(x, {dim}, {SOFTMAX[name]})" if name in SOFTMAX else f"_ext.scan(x, {dim}, {SCAN[name]})")
+    if name in TRI:
+        k = _argument(call, 1, "diagonal", 0)
+        if not k.lstrip("-").isdigit():
+            raise Unsupported(fn)
+        return "call", f"_ext.tri(x, {k}, {TRI[name]})"
     raise Unsupported(fn)
 
 
@@ -457,3 +557,15 @@ def warm_start_pairs(rows: list[dict[str, Any]], limit: int | None = None) -> li
             if limit and len(out) >= limit:
                 break
     return out
+
+
+def answer(candidate: str) -> str:
+    """A candidate as the policy answers: one fenced python block."""
+    return f"```python\n{candidate}```"
+
+
+def smoke_examples(rows: list[dict[str, Any]], n: int) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs to warm-start the smoke policy on: up to `n` tasks it can write for."""
+    from opsynth.train.prompts import build_prompt
+
+    return [(build_prompt(r["code"]), answer(c)) for r, c in warm_start_pairs(rows, n)] if n else []
