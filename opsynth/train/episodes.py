@@ -60,6 +60,7 @@ class Turn:
     text: str
     record: EvalRecord
     feedback: str | None = None  # the user turn that followed it (None if the episode ended here)
+    result: Any = field(default=None, repr=False)  # the environment's verdict (EvalResult) it came from
 
 
 @dataclass
@@ -215,7 +216,7 @@ def run_episodes(
             e = episodes[i]
             ids, logps = by_index[i]
             e.add(ids, policy=True, logprobs=logps)
-            e.turns.append(Turn(text=text, record=record))
+            e.turns.append(Turn(text=text, record=record, result=result))
             if record.reward >= STOP_REWARD or turn == cfg.turns:
                 e.done = True
                 continue

@@ -77,6 +77,13 @@ class MetricsJsonl(_StepClock):
         with open(self.path, "a") as f:
             f.write(json.dumps(row, default=float) + "\n")
 
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and os.path.exists(self.path):
+            try:
+                plot_metrics(self.path, os.path.splitext(self.path)[0] + ".png")
+            except Exception as exc:  # a missing plot must not fail a finished run
+                print(f"[train] plot skipped: {exc!r}")
+
 
 def step_line(row: dict[str, Any], max_steps: int | None = None, turns: int = 1) -> str:
     """One console line for a step's metrics: reward, pass and faster rates, per-turn reward, times."""
@@ -110,12 +117,6 @@ class StepPrinter(_StepClock):
             row["step_time_s"] = self.step_time_s
         print(step_line(row, state.max_steps or None, self.turns), flush=True)
 
-    def on_train_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and os.path.exists(self.path):
-            try:
-                plot_metrics(self.path, os.path.splitext(self.path)[0] + ".png")
-            except Exception as exc:  # a missing plot must not fail a finished run
-                print(f"[train] plot skipped: {exc!r}")
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
