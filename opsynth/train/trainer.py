@@ -169,10 +169,12 @@ def train(
         from opsynth.train.warm_start import smoke_examples
 
         examples = []
-        if settings.policy.name_or_path == SMOKE_NAME:
-            examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks)
+        if settings.policy.name_or_path == SMOKE_NAME:  # its programs are C++ or CUDA, as the reward runs them
+            device = reward_env_config(settings).resolved_device()
+            examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks, device)
             if settings.policy.smoke.warm_start_tasks:
-                print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' C++ programs"
+                print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
+                      f"{'CUDA' if device == 'cuda' else 'C++'} programs"
                       + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
                          "the smoke policy will not write programs)"), flush=True)
         # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.

@@ -5,9 +5,10 @@ reward environment would judge nothing. Before GRPO it is taught (supervised) to
 training tasks with a real `ModelNew`: one written here from the task's own source for the tasks
 made of operators this module knows how to lower (pointwise functions, scalar and broadcast
 arithmetic, `nn.Linear` and `matmul` by a weight, `nn.Conv1d` / `nn.Conv2d`, softmax, reductions
-and scans over one dim, `tril` / `triu`), all calling
-one shared C++ extension (`LIBRARY`: an op-code loop for pointwise chains, plain loops for the rest,
-no torch compute in it), so every such program builds once and then only runs.
+and scans over one dim, `tril` / `triu`), all calling one shared extension (`LIBRARY` in C++ for the
+cpu backend: an op-code loop for pointwise chains, plain loops for the rest; `CUDA_KERNELS` and
+`CUDA_WRAPPERS` for cuda: the same functions, one thread per output, a torch-free `.cu`; no torch
+compute in either), so every such program builds once and then only runs.
 
 `lower_task(code)` returns the candidate source or None when the task has an operator, an input or
 an argument it does not handle. The programs are correct, not fast; what they are for is to put the
@@ -20,69 +21,74 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
+# The pointwise functions by op code, in C that both g++ and nvcc (device code) compile.
+PW_BODY = r"""
+    switch (op) {
+        case 0: return v > 0.f ? v : 0.f;                                           // relu
+        case 1: return 1.f / (1.f + expf(-v));                                  // sigmoid
+        case 2: return tanhf(v);                                                // tanh
+        case 3: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));       // gelu
+        case 4: return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));  // gelu tanh
+        case 5: return v / (1.f + expf(-v));                                    // silu
+        case 6: return v / (1.f + fabsf(v));                                    // softsign
+        case 7: return v < 0.f ? v - log1pf(expf(v)) : -log1pf(expf(-v));  // logsigmoid
+        case 8: { float sp = v > 20.f ? v : log1pf(expf(v)); return v * tanhf(sp); }  // mish
+        case 9: return v * a > b ? v : log1pf(expf(v * a)) / a;             // softplus(beta, threshold)
+        case 10: return v > 0.f ? v : a * (expf(v) - 1.f);                      // elu(alpha)
+        case 11: return 1.0507009873554805f * (v > 0.f ? v : 1.6732632423543772f * (expf(v) - 1.f));  // selu
+        case 12: return v > 0.f ? v : a * (expf(v / a) - 1.f);                  // celu(alpha)
+        case 13: return v > 0.f ? v : a * v;                                        // leaky_relu(slope)
+        case 14: return fminf(fmaxf(v, a), b);                                // hardtanh(min, max)
+        case 15: return fminf(fmaxf(v, 0.f), 6.f);                            // relu6
+        case 16: return fminf(fmaxf(v / 6.f + 0.5f, 0.f), 1.f);               // hardsigmoid
+        case 17: return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f;            // hardswish
+        case 18: return v - tanhf(v);                                           // tanhshrink
+        case 19: return v > a ? v - a : (v < -a ? v + a : 0.f);                     // softshrink(lambd)
+        case 20: return (v > a || v < -a) ? v : 0.f;                                // hardshrink(lambd)
+        case 21: return sinf(v);
+        case 22: return cosf(v);
+        case 23: return expf(v);
+        case 24: return fabsf(v);
+        case 25: return -v;
+        case 26: return sqrtf(v);
+        case 27: return rsqrtf_(v);
+        case 28: return 1.f / v;
+        case 29: return v * v;
+        case 30: return expm1f(v);
+        case 31: return erff(v);
+        case 32: return log1pf(v);
+        case 33: return v * a;                                                      // mul by a scalar
+        case 34: return v + a;                                                      // add
+        case 35: return v - a;                                                      // sub
+        case 36: return v / a;                                                      // div
+        case 37: return logf(v);
+        case 38: return truncf(v);
+        case 39: return (float)((v > 0.f) - (v < 0.f));                             // sign
+        case 40: return sinhf(v);
+        case 41: return coshf(v);
+        case 42: return atanf(v);
+        case 43: return asinhf(v);
+        case 44: return v * 0.017453292519943295f;                                  // deg2rad
+        case 45: { float r = fmodf(v, a); return (r != 0.f && ((r < 0.f) != (a < 0.f))) ? r + a : r; }  // remainder
+        case 46: return fmaxf(v, a);                                             // maximum
+        case 47: return fminf(v, a);                                             // minimum
+        case 48: return log2f(v);
+        case 49: return exp2f(v);
+    }
+    return v;
+"""
+
 LIBRARY = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <math.h>
 #include <vector>
 
-// One pointwise function by op code; a and b are its arguments.
-static inline float pw(int64_t op, float v, float a, float b) {
-    switch (op) {
-        case 0: return v > 0.f ? v : 0.f;                                           // relu
-        case 1: return 1.f / (1.f + std::exp(-v));                                  // sigmoid
-        case 2: return std::tanh(v);                                                // tanh
-        case 3: return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));       // gelu
-        case 4: return 0.5f * v * (1.f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));  // gelu tanh
-        case 5: return v / (1.f + std::exp(-v));                                    // silu
-        case 6: return v / (1.f + std::fabs(v));                                    // softsign
-        case 7: return v < 0.f ? v - std::log1p(std::exp(v)) : -std::log1p(std::exp(-v));  // logsigmoid
-        case 8: { float sp = v > 20.f ? v : std::log1p(std::exp(v)); return v * std::tanh(sp); }  // mish
-        case 9: return v * a > b ? v : std::log1p(std::exp(v * a)) / a;             // softplus(beta, threshold)
-        case 10: return v > 0.f ? v : a * (std::exp(v) - 1.f);                      // elu(alpha)
-        case 11: return 1.0507009873554805f * (v > 0.f ? v : 1.6732632423543772f * (std::exp(v) - 1.f));  // selu
-        case 12: return v > 0.f ? v : a * (std::exp(v / a) - 1.f);                  // celu(alpha)
-        case 13: return v > 0.f ? v : a * v;                                        // leaky_relu(slope)
-        case 14: return std::min(std::max(v, a), b);                                // hardtanh(min, max)
-        case 15: return std::min(std::max(v, 0.f), 6.f);                            // relu6
-        case 16: return std::min(std::max(v / 6.f + 0.5f, 0.f), 1.f);               // hardsigmoid
-        case 17: return v * std::min(std::max(v + 3.f, 0.f), 6.f) / 6.f;            // hardswish
-        case 18: return v - std::tanh(v);                                           // tanhshrink
-        case 19: return v > a ? v - a : (v < -a ? v + a : 0.f);                     // softshrink(lambd)
-        case 20: return (v > a || v < -a) ? v : 0.f;                                // hardshrink(lambd)
-        case 21: return std::sin(v);
-        case 22: return std::cos(v);
-        case 23: return std::exp(v);
-        case 24: return std::fabs(v);
-        case 25: return -v;
-        case 26: return std::sqrt(v);
-        case 27: return 1.f / std::sqrt(v);
-        case 28: return 1.f / v;
-        case 29: return v * v;
-        case 30: return std::expm1(v);
-        case 31: return std::erf(v);
-        case 32: return std::log1p(v);
-        case 33: return v * a;                                                      // mul by a scalar
-        case 34: return v + a;                                                      // add
-        case 35: return v - a;                                                      // sub
-        case 36: return v / a;                                                      // div
-        case 37: return std::log(v);
-        case 38: return std::trunc(v);
-        case 39: return (float)((v > 0.f) - (v < 0.f));                             // sign
-        case 40: return std::sinh(v);
-        case 41: return std::cosh(v);
-        case 42: return std::atan(v);
-        case 43: return std::asinh(v);
-        case 44: return v * 0.017453292519943295f;                                  // deg2rad
-        case 45: { float r = std::fmod(v, a); return (r != 0.f && ((r < 0.f) != (a < 0.f))) ? r + a : r; }  // remainder
-        case 46: return std::max(v, a);                                             // maximum
-        case 47: return std::min(v, a);                                             // minimum
-        case 48: return std::log2(v);
-        case 49: return std::exp2(v);
-    }
-    return v;
-}
+// One pointwise function by op code; a and b are its arguments (shared with the CUDA library).
+static inline float rsqrtf_(float v) { return 1.f / sqrtf(v); }
+static inline float pw(int64_t op, float v, float a, float b) {@PW_BODY@}
 
 torch::Tensor pointwise(torch::Tensor x, std::vector<int64_t> ops, std::vector<double> a, std::vector<double> b) {
     auto xc = x.contiguous();
@@ -298,19 +304,312 @@ torch::Tensor tri(torch::Tensor x, int64_t k, int64_t mode) {
             }
     return y;
 }
+""".replace("@PW_BODY@", PW_BODY)
+
+
+# The same functions for CUDA tensors: torch-free kernels and launchers in `cuda_sources` (nvcc never
+# parses ATen, so the build is short), the `torch::Tensor` wrappers in `cpp_sources`; every kernel
+# goes on the stream the caller passes (the current one), one thread per output element.
+CUDA_KERNELS = r"""
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float rsqrtf_(float v) { return rsqrtf(v); }
+__device__ __forceinline__ float pw(int64_t op, float v, float a, float b) {@PW_BODY@}
+
+#define MAXOPS 16
+struct OpChain { int n; int64_t op[MAXOPS]; float a[MAXOPS]; float b[MAXOPS]; };
+
+static unsigned blocks_for(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));
+}
+#define GRID_LOOP(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
+
+__global__ void k_pointwise(const float* x, float* y, int64_t n, OpChain c) {
+    GRID_LOOP(i, n) {
+        float v = x[i];
+        for (int j = 0; j < c.n; ++j) v = pw(c.op[j], v, c.a[j], c.b[j]);
+        y[i] = v;
+    }
+}
+void launch_pointwise(const float* x, float* y, int64_t n, const int64_t* op, const double* a, const double* b, int k,
+                      int64_t stream) {
+    OpChain c;
+    c.n = k;
+    for (int j = 0; j < k; ++j) { c.op[j] = op[j]; c.a[j] = (float)a[j]; c.b[j] = (float)b[j]; }
+    k_pointwise<<<blocks_for(n), 256, 0, (cudaStream_t)stream>>>(x, y, n, c);
+}
+
+__global__ void k_binary(const float* x, const float* o, float* y, int64_t n, int64_t op) {
+    GRID_LOOP(i, n) y[i] = pw(op, x[i], o[i], 0.f);
+}
+void launch_binary(const float* x, const float* o, float* y, int64_t n, int64_t op, int64_t stream) {
+    k_binary<<<blocks_for(n), 256, 0, (cudaStream_t)stream>>>(x, o, y, n, op);
+}
+
+__global__ void k_linear(const float* X, const float* W, const float* B, float* Y, int64_t rows, int64_t k, int64_t m) {
+    GRID_LOOP(i, rows * m) {
+        const int64_t r = i / m, j = i % m;
+        float acc = B ? B[j] : 0.f;
+        for (int64_t t = 0; t < k; ++t) acc += X[r * k + t] * W[j * k + t];
+        Y[i] = acc;
+    }
+}
+void launch_linear(const float* X, const float* W, const float* B, float* Y, int64_t rows, int64_t k, int64_t m,
+                   int64_t stream) {
+    k_linear<<<blocks_for(rows * m), 256, 0, (cudaStream_t)stream>>>(X, W, B, Y, rows, k, m);
+}
+
+__global__ void k_matmul(const float* X, const float* W, float* Y, int64_t rows, int64_t k, int64_t n) {
+    GRID_LOOP(i, rows * n) {
+        const int64_t r = i / n, c = i % n;
+        float acc = 0.f;
+        for (int64_t t = 0; t < k; ++t) acc += X[r * k + t] * W[t * n + c];
+        Y[i] = acc;
+    }
+}
+void launch_matmul(const float* X, const float* W, float* Y, int64_t rows, int64_t k, int64_t n, int64_t stream) {
+    k_matmul<<<blocks_for(rows * n), 256, 0, (cudaStream_t)stream>>>(X, W, Y, rows, k, n);
+}
+
+__global__ void k_reduce(const float* p, float* q, int64_t outer, int64_t d, int64_t inner, int64_t mode) {
+    GRID_LOOP(i, outer * inner) {
+        const float* s = p + (i / inner) * d * inner + i % inner;
+        float acc = mode == 2 ? -INFINITY : (mode == 3 ? INFINITY : (mode == 4 ? 1.f : 0.f));
+        for (int64_t j = 0; j < d; ++j) {
+            const float v = s[j * inner];
+            if (mode <= 1) acc += v;
+            else if (mode == 2) acc = (v > acc || isnan(v)) ? v : acc;
+            else if (mode == 3) acc = (v < acc || isnan(v)) ? v : acc;
+            else acc *= v;
+        }
+        q[i] = mode == 1 ? acc / (float)d : acc;
+    }
+}
+void launch_reduce(const float* p, float* q, int64_t outer, int64_t d, int64_t inner, int64_t mode, int64_t stream) {
+    k_reduce<<<blocks_for(outer * inner), 256, 0, (cudaStream_t)stream>>>(p, q, outer, d, inner, mode);
+}
+
+__global__ void k_softmax(const float* p, float* q, int64_t outer, int64_t d, int64_t inner, int64_t mode) {
+    GRID_LOOP(i, outer * inner) {
+        const int64_t base = (i / inner) * d * inner + i % inner;
+        const float sign = mode == 2 ? -1.f : 1.f;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < d; ++j) mx = fmaxf(mx, sign * p[base + j * inner]);
+        float sum = 0.f;
+        for (int64_t j = 0; j < d; ++j) sum += expf(sign * p[base + j * inner] - mx);
+        for (int64_t j = 0; j < d; ++j) {
+            const float z = sign * p[base + j * inner] - mx;
+            q[base + j * inner] = mode == 1 ? z - logf(sum) : expf(z) / sum;
+        }
+    }
+}
+void launch_softmax(const float* p, float* q, int64_t outer, int64_t d, int64_t inner, int64_t mode, int64_t stream) {
+    k_softmax<<<blocks_for(outer * inner), 256, 0, (cudaStream_t)stream>>>(p, q, outer, d, inner, mode);
+}
+
+__global__ void k_scan(const float* p, float* q, int64_t outer, int64_t d, int64_t inner, int64_t mode) {
+    GRID_LOOP(i, outer * inner) {
+        const int64_t base = (i / inner) * d * inner + i % inner;
+        double acc = mode == 1 ? 1.0 : (mode == 2 ? -INFINITY : 0.0);
+        for (int64_t j = 0; j < d; ++j) {
+            const double v = p[base + j * inner];
+            if (mode == 0) acc += v;
+            else if (mode == 1) acc *= v;
+            else { const double m = fmax(acc, v); acc = m == -INFINITY ? m : m + log(exp(acc - m) + exp(v - m)); }
+            q[base + j * inner] = (float)acc;
+        }
+    }
+}
+void launch_scan(const float* p, float* q, int64_t outer, int64_t d, int64_t inner, int64_t mode, int64_t stream) {
+    k_scan<<<blocks_for(outer * inner), 256, 0, (cudaStream_t)stream>>>(p, q, outer, d, inner, mode);
+}
+
+__global__ void k_conv2d(const float* X, const float* W, const float* B, float* Y, int64_t n, int64_t c, int64_t h,
+                         int64_t wd, int64_t o, int64_t cg, int64_t kh, int64_t kw, int64_t oh, int64_t ow, int64_t sh,
+                         int64_t sw, int64_t ph, int64_t pw_, int64_t dh, int64_t dw, int64_t og) {
+    GRID_LOOP(i, n * o * oh * ow) {
+        const int64_t xi = i % ow, yi = (i / ow) % oh, oc = (i / (ow * oh)) % o, b = i / (ow * oh * o), g = oc / og;
+        float acc = B ? B[oc] : 0.f;
+        for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t a = 0; a < kh; ++a) {
+                const int64_t iy = yi * sh - ph + a * dh;
+                if (iy < 0 || iy >= h) continue;
+                for (int64_t e = 0; e < kw; ++e) {
+                    const int64_t ix = xi * sw - pw_ + e * dw;
+                    if (ix < 0 || ix >= wd) continue;
+                    acc += X[((b * c + g * cg + ci) * h + iy) * wd + ix] * W[((oc * cg + ci) * kh + a) * kw + e];
+                }
+            }
+        Y[i] = acc;
+    }
+}
+void launch_conv2d(const float* X, const float* W, const float* B, float* Y, int64_t n, int64_t c, int64_t h, int64_t wd,
+                   int64_t o, int64_t cg, int64_t kh, int64_t kw, int64_t oh, int64_t ow, int64_t sh, int64_t sw,
+                   int64_t ph, int64_t pw_, int64_t dh, int64_t dw, int64_t og, int64_t stream) {
+    k_conv2d<<<blocks_for(n * o * oh * ow), 256, 0, (cudaStream_t)stream>>>(X, W, B, Y, n, c, h, wd, o, cg, kh, kw, oh, ow,
+                                                                            sh, sw, ph, pw_, dh, dw, og);
+}
+
+__global__ void k_tri(const float* p, float* q, int64_t total, int64_t r, int64_t c, int64_t k, int64_t mode) {
+    GRID_LOOP(i, total) {
+        const int64_t j = i % c, row = (i / c) % r;
+        const bool keep = mode == 0 ? (j - row <= k) : (j - row >= k);
+        q[i] = keep ? p[i] : 0.f;
+    }
+}
+void launch_tri(const float* p, float* q, int64_t total, int64_t r, int64_t c, int64_t k, int64_t mode, int64_t stream) {
+    k_tri<<<blocks_for(total), 256, 0, (cudaStream_t)stream>>>(p, q, total, r, c, k, mode);
+}
+""".replace("@PW_BODY@", PW_BODY)
+
+CUDA_WRAPPERS = r"""
+#include <torch/extension.h>
+#include <vector>
+
+void launch_pointwise(const float*, float*, int64_t, const int64_t*, const double*, const double*, int, int64_t);
+void launch_binary(const float*, const float*, float*, int64_t, int64_t, int64_t);
+void launch_linear(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+void launch_matmul(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+void launch_reduce(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+void launch_softmax(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+void launch_scan(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+void launch_conv2d(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                   int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                   int64_t, int64_t);
+void launch_tri(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+
+// (outer, size of dim, inner) of a contiguous tensor around one dim.
+static void around(const torch::Tensor& x, int64_t& dim, int64_t& outer, int64_t& d, int64_t& inner) {
+    if (dim < 0) dim += x.dim();
+    outer = 1; inner = 1;
+    for (int64_t i = 0; i < dim; ++i) outer *= x.size(i);
+    for (int64_t i = dim + 1; i < x.dim(); ++i) inner *= x.size(i);
+    d = x.size(dim);
+}
+
+torch::Tensor pointwise(torch::Tensor x, std::vector<int64_t> ops, std::vector<double> a, std::vector<double> b,
+                        int64_t stream) {
+    TORCH_CHECK(ops.size() <= 16, "at most 16 pointwise ops in one chain");
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    launch_pointwise(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), ops.data(), a.data(), b.data(),
+                     (int)ops.size(), stream);
+    return y;
+}
+
+torch::Tensor binary(torch::Tensor x, torch::Tensor other, int64_t op, int64_t stream) {
+    auto xc = x.contiguous();
+    auto oc = other.contiguous();
+    auto y = torch::empty_like(xc);
+    launch_binary(xc.data_ptr<float>(), oc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), op, stream);
+    return y;
+}
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool has_bias, int64_t stream) {
+    auto xc = x.contiguous();
+    auto wc = w.contiguous();
+    const int64_t k = xc.size(-1), m = wc.size(0), rows = xc.numel() / k;
+    auto sizes = xc.sizes().vec();
+    sizes.back() = m;
+    auto y = torch::empty(sizes, xc.options());
+    auto bc = has_bias ? bias.contiguous() : bias;
+    launch_linear(xc.data_ptr<float>(), wc.data_ptr<float>(), has_bias ? bc.data_ptr<float>() : nullptr,
+                  y.data_ptr<float>(), rows, k, m, stream);
+    return y;
+}
+
+torch::Tensor matmul(torch::Tensor x, torch::Tensor w, int64_t stream) {
+    auto xc = x.contiguous();
+    auto wc = w.contiguous();
+    const int64_t k = xc.size(-1), n = wc.size(1), rows = xc.numel() / k;
+    auto sizes = xc.sizes().vec();
+    sizes.back() = n;
+    auto y = torch::empty(sizes, xc.options());
+    launch_matmul(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), rows, k, n, stream);
+    return y;
+}
+
+torch::Tensor reduce(torch::Tensor x, int64_t dim, bool keepdim, int64_t mode, int64_t stream) {
+    auto xc = x.contiguous();
+    int64_t outer, d, inner;
+    around(xc, dim, outer, d, inner);
+    auto sizes = xc.sizes().vec();
+    if (keepdim) sizes[dim] = 1; else sizes.erase(sizes.begin() + dim);
+    auto y = torch::empty(sizes, xc.options());
+    launch_reduce(xc.data_ptr<float>(), y.data_ptr<float>(), outer, d, inner, mode, stream);
+    return y;
+}
+
+torch::Tensor softmax(torch::Tensor x, int64_t dim, int64_t mode, int64_t stream) {
+    auto xc = x.contiguous();
+    int64_t outer, d, inner;
+    around(xc, dim, outer, d, inner);
+    auto y = torch::empty_like(xc);
+    launch_softmax(xc.data_ptr<float>(), y.data_ptr<float>(), outer, d, inner, mode, stream);
+    return y;
+}
+
+torch::Tensor scan(torch::Tensor x, int64_t dim, int64_t mode, int64_t stream) {
+    auto xc = x.contiguous();
+    int64_t outer, d, inner;
+    around(xc, dim, outer, d, inner);
+    auto y = torch::empty_like(xc);
+    launch_scan(xc.data_ptr<float>(), y.data_ptr<float>(), outer, d, inner, mode, stream);
+    return y;
+}
+
+torch::Tensor conv2d(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool has_bias, int64_t sh, int64_t sw,
+                     int64_t ph, int64_t pw_, int64_t dh, int64_t dw, int64_t groups, int64_t stream) {
+    const bool one_d = x.dim() == 3;
+    auto xc = (one_d ? x.unsqueeze(2) : x).contiguous();
+    auto wc = (one_d ? w.unsqueeze(2) : w).contiguous();
+    const int64_t n = xc.size(0), c = xc.size(1), h = xc.size(2), wd = xc.size(3);
+    const int64_t o = wc.size(0), cg = wc.size(1), kh = wc.size(2), kw = wc.size(3);
+    const int64_t oh = (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1, ow = (wd + 2 * pw_ - dw * (kw - 1) - 1) / sw + 1;
+    auto y = torch::empty({n, o, oh, ow}, xc.options());
+    auto bc = has_bias ? bias.contiguous() : bias;
+    launch_conv2d(xc.data_ptr<float>(), wc.data_ptr<float>(), has_bias ? bc.data_ptr<float>() : nullptr,
+                  y.data_ptr<float>(), n, c, h, wd, o, cg, kh, kw, oh, ow, sh, sw, ph, pw_, dh, dw, o / groups, stream);
+    return one_d ? y.squeeze(2) : y;
+}
+
+torch::Tensor tri(torch::Tensor x, int64_t k, int64_t mode, int64_t stream) {
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    launch_tri(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), xc.size(-2), xc.size(-1), k, mode, stream);
+    return y;
+}
 """
 
-HEADER = '''import torch
+FUNCTIONS = ["pointwise", "binary", "linear", "matmul", "reduce", "softmax", "scan", "conv2d", "tri"]
+
+HEADER = {
+    "cpu": '''import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
 _SRC = r"""{library}"""
 
-_ext = load_inline(name="opsynth_smoke_kernels", cpp_sources=[_SRC],
-                   functions=["pointwise", "binary", "linear", "matmul", "reduce", "softmax", "scan", "conv2d", "tri"],
+_ext = load_inline(name="opsynth_smoke_kernels", cpp_sources=[_SRC], functions={functions},
                    extra_cflags=["-O3"], verbose=False)
 
-'''
+'''.format(library=LIBRARY, functions=FUNCTIONS),
+    "cuda": '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CU = r"""{kernels}"""
+
+_CPP = r"""{wrappers}"""
+
+_ext = load_inline(name="opsynth_smoke_kernels_cuda", cpp_sources=[_CPP], cuda_sources=[_CU], functions={functions},
+                   extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], no_implicit_headers=True, verbose=False)
+
+'''.format(kernels=CUDA_KERNELS, wrappers=CUDA_WRAPPERS, functions=FUNCTIONS),
+}
 
 
 @dataclass(frozen=True)
@@ -507,8 +806,11 @@ def _lower_step(task: _Task, call: ast.Call) -> tuple[str, Any]:
     raise Unsupported(fn)
 
 
-def lower_task(code: str) -> str | None:
-    """A correct C++ `ModelNew` for the task, or None if it uses something this module does not lower."""
+def lower_task(code: str, device: str = "cpu") -> str | None:
+    """A correct `ModelNew` for the task (C++ on `cpu`, CUDA on `cuda`), or None if it uses
+    something this module does not lower."""
+    if device not in HEADER:
+        raise ValueError(f"device must be one of {sorted(HEADER)}, got {device!r}")
     try:
         task = _Task(code)
         fwd = task.forward
@@ -541,17 +843,20 @@ def lower_task(code: str) -> str | None:
         flush()
     except (Unsupported, SyntaxError, KeyError):
         return None
+    if device == "cuda":  # every launch goes on the current stream, the one the harness times
+        lines = ["s = torch.cuda.current_stream().cuda_stream"] + [ln[:-1] + ", s)" for ln in lines]
     body = "\n".join(f"        {ln}" for ln in lines)
     init = task.init_src or ""
-    return (HEADER.format(library=LIBRARY) + "\nclass ModelNew(nn.Module):\n" + init.rstrip() + "\n\n"
+    return (HEADER[device] + "\nclass ModelNew(nn.Module):\n" + init.rstrip() + "\n\n"
             "    def forward(self, x):\n" + body + "\n        return x\n")
 
 
-def warm_start_pairs(rows: list[dict[str, Any]], limit: int | None = None) -> list[tuple[dict[str, Any], str]]:
+def warm_start_pairs(rows: list[dict[str, Any]], limit: int | None = None,
+                     device: str = "cpu") -> list[tuple[dict[str, Any], str]]:
     """(task row, candidate) for the rows `lower_task` handles, at most `limit`."""
     out = []
     for r in rows:
-        cand = lower_task(r["code"])
+        cand = lower_task(r["code"], device)
         if cand is not None:
             out.append((r, cand))
             if limit and len(out) >= limit:
@@ -564,8 +869,9 @@ def answer(candidate: str) -> str:
     return f"```python\n{candidate}```"
 
 
-def smoke_examples(rows: list[dict[str, Any]], n: int) -> list[tuple[str, str]]:
-    """(prompt, answer) pairs to warm-start the smoke policy on: up to `n` tasks it can write for."""
+def smoke_examples(rows: list[dict[str, Any]], n: int, device: str = "cpu") -> list[tuple[str, str]]:
+    """(prompt, answer) pairs to warm-start the smoke policy on: up to `n` tasks it can write for,
+    in C++ for the cpu backend and CUDA for cuda."""
     from opsynth.train.prompts import build_prompt
 
-    return [(build_prompt(r["code"]), answer(c)) for r, c in warm_start_pairs(rows, n)] if n else []
+    return [(build_prompt(r["code"]), answer(c)) for r, c in warm_start_pairs(rows, n, device)] if n else []
