@@ -137,6 +137,7 @@ def train(
     prompt_fn: Callable[[dict[str, Any]], Any] | None = None,
     evaluate_many_fn: Callable[[list[tuple[str, str]], Any], list[Any]] | None = None,
     feedback_fn: Callable[[Any, int], str] | None = None,
+    callbacks: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Run GRPO; return the summary (also written to `<output_dir>/summary.json`).
 
@@ -144,7 +145,8 @@ def train(
     learning tests do: a one-token policy picking among known candidates via
     `completion_to_candidate`). By default the policy comes from `settings.policy`.
     `evaluate_many_fn` stands in for the reward environment's `evaluate_many` (tests), and
-    `feedback_fn(result, attempt)` for the feedback turn's wording (`opsynth.train.feedback`).
+    `feedback_fn(result, attempt)` for the feedback turn's wording (`opsynth.train.feedback`);
+    `callbacks` are extra `transformers.TrainerCallback`s (a benchmark's time budget, say).
     """
     from datasets import Dataset
 
@@ -215,7 +217,7 @@ def train(
         processing_class=tokenizer,
         rollout_func=rollout,
         callbacks=[MetricsJsonl(metrics_path, resume_step=_checkpoint_step(checkpoint),
-                                rollouts=rollout, rollouts_path=rollouts_path)],
+                                rollouts=rollout, rollouts_path=rollouts_path), *(callbacks or [])],
     )
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
