@@ -26,8 +26,9 @@ def model_card(policy: str, shards: str, split: str, tasks: int, reward_env: Any
     """The card's Markdown (with Hub YAML front matter)."""
     env = _plain(reward_env) or {}
     ep = _plain(episode) or {}
-    base = "a tiny randomly initialised Qwen2 built locally (`policy=smoke`): a plumbing test, not a kernel writer" \
-        if policy == "smoke" else f"`{policy}`"
+    base = ("a tiny randomly initialised Qwen2 built locally (`policy=smoke`), warm-started on programs "
+            "`opsynth.train.warm_start` writes for a few of its tasks: it demonstrates the loop, it is not a "
+            "kernel writer") if policy == "smoke" else f"`{policy}`"
     dataset = shards if os.path.exists(shards) else f"[{shards}](https://huggingface.co/datasets/{shards})"
     turns = int(ep.get("turns", 1))
     episode_line = ("single-turn: one program per prompt" if turns == 1 else
