@@ -76,6 +76,7 @@ def run_shards(args, out_dir: str) -> dict:
         policy=PolicyConfig(name_or_path=args.policy, dtype="bfloat16" if on_gpu and args.policy != "smoke" else "float32",
                             chat="auto" if args.policy != "smoke" else False),
         reward_workers=args.build_workers,
+        turns=1,  # single-turn, as this benchmark has always measured (multi-turn: train_multiturn_h200.py)
         trainer=dict(
             steps=args.steps, learning_rate=args.lr, beta=0.0, num_generations=args.num_generations,
             per_device_train_batch_size=args.num_generations, max_completion_length=args.max_completion_length,

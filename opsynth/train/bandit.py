@@ -182,19 +182,26 @@ def choice_mapper(device: str):
     return lambda text: table.get(text.strip(), text)
 
 
-def one_token_policy(seed: int = 0):
-    """(model, tokenizer): a tiny Qwen2 over a six-word vocabulary; its completion is one token."""
+def one_token_policy(seed: int = 0, vocab: list[str] | None = None, unk: str = PROMPT, max_positions: int = 16,
+                     hidden_size: int = 16, layers: int = 1, drop_unknown: bool = False, heads: int = 2):
+    """(model, tokenizer): a tiny Qwen2 over a word-level vocabulary (`VOCAB`: six words, any other
+    word reads as `unk`, or with `drop_unknown` is not read at all); its completions are one token a turn."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token=PROMPT))
+    vocab = vocab or VOCAB
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=unk))
+    if drop_unknown:  # delete every whitespace-separated word that is not in the vocabulary
+        known = "|".join(w for w in vocab if not w.startswith("<"))
+        tok.normalizer = normalizers.Replace(Regex(r"(?<!\S)(?!(?:" + known + r")(?!\S))\S+"), "")
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
                                         padding_side="left")
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
+    config = Qwen2Config(vocab_size=len(vocab), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=1,
+                         max_position_embeddings=max_positions,
                          tie_word_embeddings=False, eos_token_id=1, pad_token_id=0, bos_token_id=1)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, do_sample=True)
@@ -205,36 +212,159 @@ def prompt_fn(row: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": PROMPT, "task_code": row["code"], "task_id": row["task_id"]}
 
 
-def write_task_shards(folder: str, code: str, n: int = 4) -> str:
-    """A shard folder (Hub layout) holding `n` copies of one task under distinct ids."""
+def write_task_shards(folder: str, code: str | list[str], n: int = 4) -> str:
+    """A shard folder (Hub layout) holding `n` copies of one task under distinct ids (or, given a
+    list of task codes, each of them once)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     os.makedirs(os.path.join(folder, "data"), exist_ok=True)
-    rows = [dict(code=code, ops=["torch.relu", "torch.mul", "torch.add"], num_ops=3, task_id=f"bandit_{i}")
-            for i in range(n)]
+    codes = list(code) if isinstance(code, list) else [code] * n
+    rows = [dict(code=c, ops=["torch.relu", "torch.mul", "torch.add"], num_ops=3, task_id=f"bandit_{i}")
+            for i, c in enumerate(codes)]
     pq.write_table(pa.Table.from_pylist(rows), os.path.join(folder, "data", "train-00000-of-00001.parquet"))
     return str(folder)
 
 
 def bandit_settings(shards: str, output_dir: str, steps: int = 5, num_generations: int = 8,
                     learning_rate: float = 0.2, seed: int = 0, reward_env: dict | None = None):
-    """Training settings that make the bandit learn within a handful of steps."""
+    """Training settings that make the bandit learn within a handful of steps (single-turn)."""
     from opsynth.train.trainer import TrainSettings
 
     return TrainSettings(
         shards=shards, output_dir=output_dir, split="all", seed=seed, reward_workers=2,
-        reward_env=dict(reward_env or {}),
+        reward_env=dict(reward_env or {}), turns=1, print_steps=False,
         trainer=dict(steps=steps, learning_rate=learning_rate, beta=0.0, num_generations=num_generations,
                      per_device_train_batch_size=num_generations, max_completion_length=1, temperature=1.0,
                      save_steps=10_000, loss_type="grpo", bf16=False, gradient_checkpointing=False),
     )
 
 
-def train_bandit(shards: str, output_dir: str, device: str, **kw: Any) -> dict[str, Any]:
-    """Run GRPO on the bandit; returns the training summary (reward per step included)."""
+def correct_probability(model, tokenizer) -> float:
+    """The policy's probability of answering with a correct program (A or B) to the prompt."""
+    import torch
+
+    ids = torch.tensor([tokenizer(PROMPT, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        p = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+    return float(sum(p[tokenizer.convert_tokens_to_ids(t)] for t in ("A", "B")))
+
+
+def train_bandit(shards: str, output_dir: str, device: str, policy: Any = None, evaluate_many_fn: Any = None,
+                 **kw: Any) -> dict[str, Any]:
+    """Run GRPO on the bandit; returns the training summary (reward per step included). `policy`
+    (model, tokenizer) is trained in place (default: a fresh `one_token_policy`)."""
     from opsynth.train.trainer import train
 
     settings = bandit_settings(shards, output_dir, **kw)
     return train(settings, completion_to_candidate=choice_mapper(device),
-                 model_and_tokenizer=one_token_policy(settings.seed), prompt_fn=prompt_fn)
+                 model_and_tokenizer=policy or one_token_policy(settings.seed), prompt_fn=prompt_fn,
+                 evaluate_many_fn=evaluate_many_fn)
+
+
+# ---- Multi-turn: the right answer is hidden in the task, and the feedback names it ----------------
+#
+# Three tasks look the same to the policy (its prompt is `go <task id>`, and the id is a word it
+# cannot read: its tokenizer reads only its own eleven words and drops the rest); each accepts
+# exactly one of the answers A, B, C (D is a fourth program no task accepts). No policy can make its
+# first answer right more than one time in three; a wrong one comes back with the fix named at the
+# end of the verdict (`fixB`), so the only way to raise the reward is to read the feedback: the
+# second turn's answers go from chance (about 1 in 11 tokens) towards all correct. The verdicts come
+# from `hidden_answer_env`, a deterministic stand-in for `evaluate_many` (the feedback's text is the
+# real formatter's; of it, the policy reads only the fix).
+
+MT_VOCAB = ["<pad>", "<eos>", "<unk>", "A", "B", "C", "D", "go", "fixA", "fixB", "fixC"]
+ANSWERS = ("A", "B", "C")
+
+
+def hidden_answer_candidates() -> dict[str, str]:
+    """Token -> program: A, B, C are the bandit's three C++ programs, D a fourth (never accepted)."""
+    table = candidates("cpu")
+    table["D"] = table["C"].replace("class ModelNew", "# the habit: a first answer no task accepts\nclass ModelNew")
+    return table
+
+
+def hidden_answer_tasks() -> list[str]:
+    """Task codes for answers A, B and C (the answer is a comment the policy never sees)."""
+    return [task_source() + f"\n# answer: {a}\n" for a in ANSWERS]
+
+
+def hidden_answer_env(pairs: list[tuple[str, str]], cfg: Any = None) -> list[Any]:
+    """`evaluate_many` for the hidden-answer tasks: reward 3 for the task's answer, else `incorrect`
+    with the answer in `details` (for the feedback to name)."""
+    from opsynth.reward.eval_types import EvalResult
+
+    by_source = {src: tok for tok, src in hidden_answer_candidates().items()}
+    out = []
+    for task, cand in pairs:
+        answer = task.rsplit("# answer: ", 1)[-1].strip()
+        if by_source.get(cand) == answer:
+            res = EvalResult(reward=3, correct=True, reason="ok",
+                             times={"candidate_ms": 1.0, "eager_ms": 2.0, "compile_ms": 2.0}, device="cpu")
+        else:
+            res = EvalResult.rejected("incorrect", "trial 0: output 0: max abs error 2 (atol=0.01, rtol=0.01)", device="cpu")
+        res.details = {"answer": answer}
+        out.append(res)
+    return out
+
+
+def hint_feedback(result: Any, attempt: int) -> str:
+    """The real feedback text, then the fix the environment named (`fixB`)."""
+    from opsynth.train.feedback import format_feedback
+
+    answer = (getattr(result, "details", None) or {}).get("answer")
+    return format_feedback(result, attempt) + (f"\nfix{answer}" if answer and not result.correct else "")
+
+
+def hidden_answer_policy(seed: int = 0):
+    """The multi-turn bandit's policy: a table of next-token logits per current token, as a Qwen2
+    with no layers and one-hot (frozen) embeddings, over `MT_VOCAB`, reading only those words.
+
+    What it answers after `fixB` and what it answers to the bare prompt are separate columns of one
+    table, so first-turn guesses (which no policy can get right more than one time in three) do not
+    bleed into how it reads a fix, and the test is deterministic enough to assert on.
+    """
+    import torch
+
+    model, tok = one_token_policy(seed, vocab=MT_VOCAB, unk="<unk>", max_positions=64, hidden_size=len(MT_VOCAB),
+                                  layers=0, drop_unknown=True, heads=1)
+    emb = model.get_input_embeddings()
+    with torch.no_grad():
+        emb.weight.copy_(torch.eye(len(MT_VOCAB)))
+    emb.weight.requires_grad_(False)
+    return model, tok
+
+
+def answer_probabilities(model, tok, context: str) -> dict[str, float]:
+    """The policy's probability of each answer as the next token after `context`."""
+    import torch
+
+    ids = torch.tensor([tok(context, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        p = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+    return {a: float(p[tok.convert_tokens_to_ids(a)]) for a in ANSWERS + ("D",)}
+
+
+def hidden_prompt_fn(row: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt": f"{PROMPT} {row['task_id']}", "task_code": row["code"], "task_id": row["task_id"]}
+
+
+def train_hidden_answer(shards: str, output_dir: str, steps: int = 10, num_generations: int = 8,
+                        learning_rate: float = 0.3, seed: int = 0, turns: int = 2,
+                        evaluate_many_fn: Any = hidden_answer_env, policy: Any = None,
+                        optim: str = "adamw_torch") -> dict[str, Any]:
+    """Multi-turn GRPO on the hidden-answer tasks; returns the training summary."""
+    from opsynth.train.trainer import TrainSettings, train
+
+    settings = TrainSettings(
+        shards=shards, output_dir=output_dir, split="all", seed=seed, turns=turns, episode_reward="last",
+        print_steps=False,
+        trainer=dict(steps=steps, learning_rate=learning_rate, beta=0.0, num_generations=num_generations,
+                     per_device_train_batch_size=3 * num_generations, max_completion_length=1, temperature=1.0,
+                     save_steps=10_000, loss_type="grpo", bf16=False, gradient_checkpointing=False,
+                     lr_scheduler_type="constant", optim=optim),
+    )
+    table = hidden_answer_candidates()
+    return train(settings, completion_to_candidate=lambda text: table.get(text.strip(), text),
+                 model_and_tokenizer=policy or hidden_answer_policy(seed), prompt_fn=hidden_prompt_fn,
+                 evaluate_many_fn=evaluate_many_fn, feedback_fn=hint_feedback)

@@ -3,41 +3,47 @@
 The brief follows CUDA-Agent's SKILL.md in spirit: what to write (ModelNew, same constructor),
 what is allowed (own CUDA kernels via `load_inline`, or Triton), what is forbidden (torch compute
 ops in `forward`, falling back to the reference), and the one output format the reward environment
-extracts (a single fenced python block). Everything the reward environment enforces is stated here,
-so a policy is never punished for a rule it was not told.
+extracts (a single fenced python block). The rules come from the reward environment's own table
+(`opsynth.reward.reasons.RULES`), the same table the feedback turns quote, so a policy is never
+punished for a rule it was not told.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-KERNEL_BRIEF = """\
-You are an expert GPU kernel engineer. Below is a PyTorch program `Model`. Write `ModelNew`, a
-drop-in replacement that computes the same outputs faster, using your own kernels.
+from opsynth.reward.reasons import RULES
 
-Rules:
-- Define `class ModelNew(nn.Module)` with exactly the same `__init__` arguments as `Model`; keep the
-  same parameters and buffers (same names and shapes), because weights are copied from `Model` with
-  `load_state_dict`.
-- Do the computation in your own kernels: CUDA C++ compiled with
-  `torch.utils.cpp_extension.load_inline`, or Triton (`@triton.jit`). Fusing several operators into
-  one kernel is where the speed comes from.
-- In `forward`, do not call `torch.nn.functional`, `torch` compute operators (matmul, conv, relu,
-  sum, softmax, ...) or the `Model` class; only allocate outputs (`torch.empty`, `torch.empty_like`),
-  reshape/view tensors, read metadata, and launch your kernels. No try/except fallbacks, no caching
-  of outputs between calls, no side streams or threads, no in-place changes to the inputs.
-- Builds are part of every evaluation, so keep PyTorch headers out of CUDA code: put the kernels and
-  a plain launcher (raw pointers and sizes) in `cuda_sources` with `#include <cuda_runtime.h>`, pass
-  `no_implicit_headers=True`, and write the `torch::Tensor` wrapper in `cpp_sources`, starting with
-  `#include <torch/extension.h>`. nvcc then never parses ATen, and the build is several times faster.
-- Handle any input size, not only the sizes in `get_inputs()`. Outputs must match `Model` within
-  atol = rtol = 1e-2, with the same shapes and dtypes.
+# Advice that no check enforces: what makes builds (part of every evaluation) fast.
+BUILD_ADVICE = (
+    "Builds are part of every evaluation, so keep PyTorch headers out of CUDA code: put the kernels and a plain "
+    "launcher (raw pointers and sizes) in `cuda_sources` with `#include <cuda_runtime.h>`, pass "
+    "`no_implicit_headers=True`, and write the `torch::Tensor` wrapper in `cpp_sources`, starting with "
+    "`#include <torch/extension.h>`. nvcc then never parses ATen, and the build is several times faster."
+)
 
-Reward: -1 if incorrect or rejected; 1 if correct; 2 if faster than eager PyTorch; 3 if also more
-than 5% faster than torch.compile.
 
-Answer with one fenced ```python block holding the complete file (imports, kernels, ModelNew)
-and nothing else."""
+def _brief() -> str:
+    """The brief: every rule of the reward environment's table (opsynth.reward.reasons), one a line."""
+    rules = [text for key, text in RULES.items() if key not in ("format", "reward")]
+    return "\n".join(
+        [
+            "You are an expert GPU kernel engineer. Below is a PyTorch program `Model`. Write `ModelNew`, a",
+            "drop-in replacement that computes the same outputs faster, using your own kernels.",
+            "",
+            "Rules (the environment checks each one; a program that breaks one scores -1):",
+            *[f"- {r}" for r in rules],
+            "",
+            f"Advice: {BUILD_ADVICE}",
+            "",
+            RULES["reward"],
+            "",
+            RULES["format"],
+        ]
+    )
+
+
+KERNEL_BRIEF = _brief()
 
 
 def build_prompt(task_code: str, brief: str = KERNEL_BRIEF) -> str:

@@ -24,6 +24,21 @@ from opsynth.train.records import EvalRecord, record_from_result
 REWARD_LEVELS = (-1, 1, 2, 3)
 
 
+def log_record_metrics(records: list[EvalRecord], log_metric: Callable[[str, float], None], prefix: str = "kernel/") -> None:
+    """Per-completion outcome metrics through TRL's `log_metric`: one value per record, so that TRL's
+    sum-and-count across ranks makes each mean an exact rate."""
+    for r in records:
+        log_metric(f"{prefix}pass_rate", float(r.correct))
+        log_metric(f"{prefix}faster_than_eager", float(r.reward >= 2))
+        log_metric(f"{prefix}faster_than_compile", float(r.reward >= 3))
+        for level in REWARD_LEVELS:
+            log_metric(f"{prefix}reward_frac_{level}", float(r.reward == level))
+        if r.correct and r.speedup_eager and r.speedup_eager > 0:
+            log_metric(f"{prefix}log_speedup_eager", math.log(r.speedup_eager))
+        if r.correct and r.speedup_compile and r.speedup_compile > 0:
+            log_metric(f"{prefix}log_speedup_compile", math.log(r.speedup_compile))
+
+
 def _evaluate_many(pairs: list[tuple[str, str]], eval_cfg: Any) -> list[Any]:
     # Imported lazily so the rest of the training stage imports without the reward environment.
     # evaluate_many builds candidates in parallel and measures them one at a time on the device,
@@ -106,15 +121,29 @@ class KernelReward:
         no code scores -1 `no_code` without a child process); otherwise they are candidate sources
         or workspace paths, handed over as they are.
         """
+        return [record for record, _ in self.judge(task_codes, texts, task_ids, from_completions)]
+
+    def judge(
+        self,
+        task_codes: list[str],
+        texts: list[str],
+        task_ids: list[str | None] | None = None,
+        from_completions: bool = True,
+    ) -> list[tuple[EvalRecord, Any]]:
+        """As `evaluate_batch`, keeping each environment verdict (`EvalResult`: its log, times and
+        details) beside its record, for the feedback turn. One `evaluate_many` call for the batch."""
+        from opsynth.reward.eval_types import EvalResult
+
         task_ids = list(task_ids) if task_ids else [None] * len(texts)
-        records: list[EvalRecord | None] = [None] * len(texts)
+        out: list[tuple[EvalRecord, Any] | None] = [None] * len(texts)
         pairs, where = [], []
         for i, (code, text) in enumerate(zip(task_codes, texts)):
             cand = self.completion_to_candidate(text) if self.completion_to_candidate else text
             if from_completions:
                 cand = _as_candidate(cand)
                 if cand is None:
-                    records[i] = EvalRecord(task_id=task_ids[i], reward=-1.0, correct=False, reason="no_code")
+                    res = EvalResult.rejected("no_code", "no fenced ```python block with a program in the answer")
+                    out[i] = (EvalRecord(task_id=task_ids[i], reward=-1.0, correct=False, reason="no_code"), res)
                     continue
             pairs.append((code, cand))
             where.append(i)
@@ -126,14 +155,16 @@ class KernelReward:
                 unique.setdefault(p, len(unique))
             try:
                 with _children_on_this_rank_gpu():
-                    results = self._evaluate_many(list(unique), self.eval_cfg)
-                verdicts = [record_from_result(r) for r in results]
+                    results = list(self._evaluate_many(list(unique), self.eval_cfg))
+                verdicts = [(record_from_result(r), r) for r in results]
             except Exception as exc:  # the environment should never raise; if it does, each is a -1
                 reason = f"reward_env_error: {exc!r}"[:300]
-                verdicts = [EvalRecord(task_id=None, reward=-1.0, correct=False, reason=reason) for _ in unique]
+                verdicts = [(EvalRecord(task_id=None, reward=-1.0, correct=False, reason=reason),
+                             EvalResult.rejected("reward_env_error", repr(exc)[:2000])) for _ in unique]
             for i, p in zip(where, pairs):
-                records[i] = dataclasses.replace(verdicts[unique[p]], task_id=task_ids[i])
-        return records  # type: ignore[return-value]
+                record, result = verdicts[unique[p]]
+                out[i] = (dataclasses.replace(record, task_id=task_ids[i]), result)
+        return out  # type: ignore[return-value]
 
     def __call__(
         self,
@@ -148,31 +179,18 @@ class KernelReward:
         texts = [completion_text(c) for c in completions]
         records = self.evaluate_batch(list(task_code), texts, list(task_id) if task_id else None)
         step = int(getattr(trainer_state, "global_step", 0) or 0)
-        with self._lock:
-            self.history.extend(records)
-            self._append_log(records, step)
+        self.append_log(records, step)
         if log_metric is not None:
-            self._log_metrics(records, log_metric)
+            log_record_metrics(records, log_metric)
         return [float(r.reward) for r in records]
 
-    @staticmethod
-    def _log_metrics(records: list[EvalRecord], log_metric: Callable[[str, float], None]) -> None:
-        # One value per completion: TRL sums values and counts across ranks, so means are exact rates.
-        for r in records:
-            log_metric("kernel/pass_rate", float(r.correct))
-            log_metric("kernel/faster_than_eager", float(r.reward >= 2))
-            log_metric("kernel/faster_than_compile", float(r.reward >= 3))
-            for level in REWARD_LEVELS:
-                log_metric(f"kernel/reward_frac_{level}", float(r.reward == level))
-            if r.correct and r.speedup_eager and r.speedup_eager > 0:
-                log_metric("kernel/log_speedup_eager", math.log(r.speedup_eager))
-            if r.correct and r.speedup_compile and r.speedup_compile > 0:
-                log_metric("kernel/log_speedup_compile", math.log(r.speedup_compile))
-
-    def _append_log(self, records: list[EvalRecord], step: int) -> None:
-        if not self.log_path:
-            return
-        os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
-        with open(self.log_path, "a") as f:
-            for r in records:
-                f.write(json.dumps({"step": step, **r.to_dict()}) + "\n")
+    def append_log(self, records: list[EvalRecord], step: int, extra: list[dict[str, Any]] | None = None) -> None:
+        """Append records to the JSON-lines evaluation log (with the step and, per record, `extra` keys)."""
+        with self._lock:
+            self.history.extend(records)
+            if not self.log_path:
+                return
+            os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
+            with open(self.log_path, "a") as f:
+                for k, r in enumerate(records):
+                    f.write(json.dumps({"step": step, **(extra[k] if extra else {}), **r.to_dict()}) + "\n")

@@ -5,8 +5,13 @@ PyTorch (reward >= 2) and faster than torch.compile (reward 3), geometric-mean s
 correct candidates, and the reward histogram. Every candidate is judged by the reward environment,
 so a score and a training reward always mean the same thing.
 
+A policy is scored in episodes of `turns` turns (default 3), as it trains: after each program the
+environment's verdict comes back and the policy revises it. The table puts single-turn (the first
+program) and multi-turn results side by side, one column per turn: the program an episode holds
+after t turns (an episode that reached reward 3 keeps that program).
+
 Run: `python -m opsynth.train.score --shards DIR --split heldout --candidates DIR` or
-`--policy PATH_OR_ID`, or `python -m pipelines.evaluate mode=score ...`.
+`--policy PATH_OR_ID [--turns 3]`, or `python -m pipelines.evaluate mode=score ...`.
 """
 
 from __future__ import annotations
@@ -45,17 +50,16 @@ def summarize(records: list[EvalRecord]) -> dict[str, Any]:
     }
 
 
-def format_table(summary: dict[str, Any], title: str = "") -> str:
-    """A plain-text table of a summary, one metric a row."""
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
 
-    def fmt(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.3f}"
-        return str(v)
 
-    rows = [
+def _table_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [
         ("tasks x samples", summary["n"]),
         ("mean reward", summary["reward_mean"]),
         ("pass rate (correct)", summary["pass_rate"]),
@@ -64,8 +68,25 @@ def format_table(summary: dict[str, Any], title: str = "") -> str:
         ("geomean speedup vs eager", summary["geomean_speedup_eager"]),
         ("geomean speedup vs compile", summary["geomean_speedup_compile"]),
     ] + [(f"reward = {k}", v) for k, v in summary["reward_histogram"].items()]
-    width = max(len(k) for k, _ in rows)
-    lines = ([title] if title else []) + [f"{k:<{width}}  {fmt(v):>8}" for k, v in rows]
+
+
+def format_table(summary: dict[str, Any], title: str = "") -> str:
+    """A plain-text table of a summary, one metric a row; with `by_turn` (multi-turn scoring) one
+    column per turn, the first being the single-turn result."""
+    by_turn = summary.get("by_turn") or []
+    columns = by_turn if len(by_turn) > 1 else [summary]
+    names = [k for k, _ in _table_rows(columns[0])]
+    values = [[_fmt(v) for _, v in _table_rows(c)] for c in columns]
+    heads = ["single-turn"] + [f"after turn {t}" for t in range(2, len(columns) + 1)] if len(columns) > 1 else [""]
+    width = max(len(k) for k in names)
+    col = max(8, *(len(h) for h in heads))
+    lines = [title] if title else []
+    if len(columns) > 1:
+        lines.append(" " * width + "  " + "  ".join(f"{h:>{col}}" for h in heads))
+    for i, name in enumerate(names):
+        lines.append(f"{name:<{width}}  " + "  ".join(f"{vals[i]:>{col}}" for vals in values))
+    if len(columns) > 1 and summary.get("improved_rate") is not None:
+        lines.append(f"episodes where a later turn beat the earlier ones: {summary['improved_rate']:.3f}")
     if summary.get("failure_reasons"):
         lines.append("failure reasons: " + ", ".join(f"{k} {v}" for k, v in summary["failure_reasons"].items()))
     return "\n".join(lines)
@@ -99,53 +120,97 @@ def score_candidates(
     return records + missing
 
 
-def generate_completions(
-    model, tokenizer, rows: list[dict[str, Any]], chat: bool, samples_per_task: int = 1,
-    max_new_tokens: int = 1024, temperature: float = 0.0, batch_size: int = 4,
-) -> list[tuple[dict[str, Any], str]]:
-    """Sample completions from a policy for each task (greedy when temperature is 0)."""
-    import torch
-
+def prompt_ids_for(tokenizer, rows: list[dict[str, Any]], chat: bool) -> list[list[int]]:
+    """Token ids of each task's first-turn prompt (the chat template's generation prompt for chat)."""
     from opsynth.train.prompts import build_messages, build_prompt
 
+    if chat:
+        texts = [tokenizer.apply_chat_template(build_messages(r["code"]), tokenize=False, add_generation_prompt=True)
+                 for r in rows]
+    else:
+        texts = [build_prompt(r["code"]) for r in rows]
+    return [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+
+def hf_generate(model, tokenizer, max_new_tokens: int = 1024, temperature: float = 0.0, batch_size: int = 4):
+    """A `GenerateFn` over `model.generate` (greedy when temperature is 0): left-padded batches,
+    each sequence's new tokens up to and including its first end-of-sequence token."""
+    import torch
+
     device = next(model.parameters()).device
-    model.eval()
-    work = [r for r in rows for _ in range(samples_per_task)]
-    out: list[tuple[dict[str, Any], str]] = []
-    for i in range(0, len(work), batch_size):
-        batch = work[i : i + batch_size]
-        if chat:
-            texts = [tokenizer.apply_chat_template(build_messages(r["code"]), tokenize=False, add_generation_prompt=True)
-                     for r in batch]
-        else:
-            texts = [build_prompt(r["code"]) for r in batch]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        gen_kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-        gen_kwargs.update(do_sample=True, temperature=temperature) if temperature > 0 else gen_kwargs.update(do_sample=False)
-        with torch.no_grad():
-            ids = model.generate(**enc, **gen_kwargs)
-        for r, seq in zip(batch, ids[:, enc["input_ids"].shape[1]:]):
-            out.append((r, tokenizer.decode(seq, skip_special_tokens=True)))
-    return out
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+
+    def generate(batch: list[list[int]]):
+        model.eval()
+        out: list[list[int]] = []
+        for i in range(0, len(batch), batch_size):
+            chunk = batch[i : i + batch_size]
+            width = max(len(x) for x in chunk)
+            ids = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device=device)
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=device)
+            kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, pad_token_id=pad)
+            kw.update(do_sample=True, temperature=temperature) if temperature > 0 else kw.update(do_sample=False)
+            with torch.no_grad():
+                seqs = model.generate(input_ids=ids, attention_mask=mask, **kw)
+            for seq in seqs[:, width:].tolist():
+                if eos in seq:
+                    seq = seq[: seq.index(eos) + 1]
+                while seq and seq[-1] == pad and pad != eos:
+                    seq.pop()
+                out.append(seq)
+        return out, None
+
+    return generate
 
 
-def score_policy(
-    model, tokenizer, rows: list[dict[str, Any]], chat: bool, eval_cfg: Any = None, **gen: Any
-) -> list[EvalRecord]:
-    """Generate with the policy, then evaluate every completion."""
+def score_episodes(
+    model, tokenizer, rows: list[dict[str, Any]], chat: bool, eval_cfg: Any = None, turns: int = 3,
+    samples_per_task: int = 1, max_new_tokens: int = 1024, temperature: float = 0.0,
+    reward: Any = None, feedback: Any = None, prompt_ids: list[list[int]] | None = None,
+) -> list[list[EvalRecord]]:
+    """Run the policy in episodes of up to `turns` turns (feedback after each program, as in
+    training); each turn's programs are judged together. Returns each episode's records by turn.
+    `reward` (a `KernelReward`), `feedback(result, attempt)` and `prompt_ids` (each row's first
+    prompt, tokenised) replace the defaults (a policy with its own prompt layout, tests)."""
+    from opsynth.train.episodes import EpisodeConfig, TurnCodec, run_episodes
+    from opsynth.train.feedback import format_feedback
     from opsynth.train.reward_fn import KernelReward
 
-    pairs = generate_completions(model, tokenizer, rows, chat, **gen)
-    reward = KernelReward(eval_cfg)
-    return reward.evaluate_batch([r["code"] for r, _ in pairs], [t for _, t in pairs], [r["task_id"] for r, _ in pairs])
+    work = [r for r in rows for _ in range(samples_per_task)]
+    reward = reward or KernelReward(eval_cfg)
+    episodes = run_episodes(
+        prompt_ids or prompt_ids_for(tokenizer, work, chat), [r["code"] for r in work], [r["task_id"] for r in work],
+        generate=hf_generate(model, tokenizer, max_new_tokens, temperature), judge=reward.judge,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        codec=TurnCodec(tokenizer, chat), cfg=EpisodeConfig(turns=turns), feedback=feedback or format_feedback,
+    )
+    return [[t.record for t in e.turns] for e in episodes]
+
+
+def summarize_episodes(episodes: list[list[EvalRecord]], turns: int) -> dict[str, Any]:
+    """The table's numbers for each turn (the first is the single-turn result), and the share of
+    multi-turn episodes in which a later turn beat the earlier ones. Top-level numbers: the last turn."""
+    from opsynth.train.episodes import improved
+    from opsynth.train.rollout import after_turn
+
+    by_turn = [summarize([after_turn(e, t) for e in episodes]) for t in range(1, turns + 1)]
+    ups = [improved([r.reward for r in e]) for e in episodes]
+    ups = [u for u in ups if u is not None]
+    return {**by_turn[-1], "turns": turns, "by_turn": by_turn,
+            "improved_rate": sum(ups) / len(ups) if ups else None}
 
 
 def score(
     shards: str, split: str = "heldout", candidates: str | None = None, policy: str | None = None,
     heldout_fraction: float = 0.1, limit: int | None = None, build_workers: int | None = None, out: str | None = None,
     eval_cfg: Any = None, samples_per_task: int = 1, max_new_tokens: int = 1024, temperature: float = 0.0,
+    turns: int = 3,
 ) -> dict[str, Any]:
-    """Score candidates or a policy on a split of the shards; print the table, optionally write JSON."""
+    """Score candidates or a policy on a split of the shards; print the table, optionally write JSON.
+
+    A policy plays episodes of `turns` turns and the table shows each turn beside the single-turn
+    result; candidate files are one program each (single-turn)."""
     from opsynth.train.data import select_tasks
 
     if (candidates is None) == (policy is None):
@@ -163,16 +228,19 @@ def score(
 
         cache = os.path.join(out or ".", "policy_cache") if out else os.path.join("outputs", "score_policy_cache")
         model, tok, chat = load_policy(PolicyConfig(name_or_path=policy), cache, corpus=[r["code"] for r in rows])
-        records = score_policy(model, tok, rows, chat, eval_cfg, samples_per_task=samples_per_task,
-                               max_new_tokens=max_new_tokens, temperature=temperature)
-        what = f"policy {policy}"
-    summary = summarize(records)
+        episodes = score_episodes(model, tok, rows, chat, eval_cfg, turns=turns, samples_per_task=samples_per_task,
+                                  max_new_tokens=max_new_tokens, temperature=temperature)
+        records = [r for e in episodes for r in e]
+        what = f"policy {policy}" + (f", {turns} turns" if turns > 1 else "")
+    summary = summarize(records) if candidates is not None else summarize_episodes(episodes, turns)
     summary.update(split=split, shards=shards, scored=what)
     print(format_table(summary, title=f"{what} on {split} ({len(rows)} tasks)"))
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "score.json"), "w") as f:
-            json.dump({"summary": summary, "records": [r.to_dict() for r in records]}, f, indent=2)
+            out_records = ([r.to_dict() for r in records] if candidates is not None else
+                           [dict(r.to_dict(), episode=i, turn=t + 1) for i, e in enumerate(episodes) for t, r in enumerate(e)])
+            json.dump({"summary": summary, "records": out_records}, f, indent=2)
     return summary
 
 
@@ -189,10 +257,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--samples-per-task", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--turns", type=int, default=3, help="turns per episode for a policy (1: single-turn only)")
     p.add_argument("--out")
     a = p.parse_args(argv)
     return score(a.shards, a.split, a.candidates, a.policy, a.heldout_fraction, a.limit, a.build_workers, a.out,
-                 samples_per_task=a.samples_per_task, max_new_tokens=a.max_new_tokens, temperature=a.temperature)
+                 samples_per_task=a.samples_per_task, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                 turns=a.turns)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """GRPO training of a kernel-writing policy against the reward environment (TRL's GRPOTrainer).
 
 `train(settings)` takes plain values (no Hydra), so `pipelines/train.py`, tests and the H200
-benchmark share it: shards -> split/curriculum -> prompts -> policy -> GRPOTrainer whose reward
-function is the reward environment -> checkpoints, `metrics.jsonl`, `metrics.png`, `summary.json`.
+benchmark share it: shards -> split/curriculum -> prompts -> policy -> GRPOTrainer whose rollouts
+are episodes of up to `turns` turns judged by the reward environment (`opsynth.train.rollout`; one
+turn is plain single-turn GRPO) -> checkpoints, `metrics.jsonl`, `metrics.png`, `summary.json`,
+`evaluations-rank<r>.jsonl` (every verdict, by step, turn and episode), `rollouts.jsonl` (the time
+split of each step) and a model card naming the policy, the dataset and the reward.
 Under `accelerate launch` every rank runs this same function; TRL shards generation and rewards.
 """
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from opsynth.train.data import select_tasks
+from opsynth.train.episodes import EpisodeConfig
 from opsynth.train.policy import PolicyConfig, load_policy
 from opsynth.train.prompts import KERNEL_BRIEF, prompt_record
 
@@ -52,16 +56,26 @@ class TrainSettings:
     trainer: dict[str, Any] = field(default_factory=dict)
     reward_workers: int | None = None  # candidates built in parallel per process (None: RewardConfig's default)
     reward_env: dict[str, Any] = field(default_factory=dict)  # RewardConfig fields, if any
+    turns: int = 3  # turns per episode: the policy revises its program after each verdict (1: single-turn)
+    episode_reward: str = "last"  # last | best | discounted (sum of turn_discount**(t-1) * reward_t)
+    turn_discount: float = 0.4
+    print_steps: bool = True  # one line per step on stdout
+
+    def __post_init__(self):
+        self.episode()  # validates turns, episode_reward, turn_discount
+
+    def episode(self) -> EpisodeConfig:
+        return EpisodeConfig(turns=self.turns, reward=self.episode_reward, discount=self.turn_discount)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainSettings":
+        """From a plain mapping (conf/train.yaml as a dict): unknown keys and mistyped values are an
+        error naming the setting (the shared config builder)."""
+        from opsynth.config import build
+
         d = dict(d)
         d["policy"] = PolicyConfig.from_dict(d.get("policy"))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown training settings: {unknown}")
-        return cls(**d)
+        return build(cls, d, "train")
 
 
 def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
@@ -121,18 +135,25 @@ def train(
     completion_to_candidate: Callable[[str], str] | None = None,
     model_and_tokenizer: tuple[Any, Any] | None = None,
     prompt_fn: Callable[[dict[str, Any]], Any] | None = None,
+    evaluate_many_fn: Callable[[list[tuple[str, str]], Any], list[Any]] | None = None,
+    feedback_fn: Callable[[Any, int], str] | None = None,
+    callbacks: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Run GRPO; return the summary (also written to `<output_dir>/summary.json`).
 
     `model_and_tokenizer` and `prompt_fn` let a caller bring its own policy and prompt layout (the
-    learning test does: a one-token policy picking among known candidates via
+    learning tests do: a one-token policy picking among known candidates via
     `completion_to_candidate`). By default the policy comes from `settings.policy`.
+    `evaluate_many_fn` stands in for the reward environment's `evaluate_many` (tests), and
+    `feedback_fn(result, attempt)` for the feedback turn's wording (`opsynth.train.feedback`);
+    `callbacks` are extra `transformers.TrainerCallback`s (a benchmark's time budget, say).
     """
     from datasets import Dataset
-    from trl import GRPOTrainer
 
-    from opsynth.train.metrics import MetricsJsonl, read_metrics
+    from opsynth.train.metrics import MetricsJsonl, StepPrinter, read_metrics
+    from opsynth.train.model_card import write_model_card
     from opsynth.train.reward_fn import KernelReward
+    from opsynth.train.rollout import EpisodeReward, MultiTurnRollout, prompt_key
 
     os.makedirs(settings.output_dir, exist_ok=True)
     rows = select_tasks(
@@ -146,13 +167,27 @@ def train(
     else:
         from accelerate import PartialState
 
+        from opsynth.train.policy import SMOKE_NAME
+        from opsynth.train.warm_start import smoke_examples
+
+        examples = []
+        if settings.policy.name_or_path == SMOKE_NAME:  # its programs are C++ or CUDA, as the reward runs them
+            device = reward_env_config(settings).resolved_device()
+            examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks, device)
+            if settings.policy.smoke.warm_start_tasks:
+                print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
+                      f"{'CUDA' if device == 'cuda' else 'C++'} programs"
+                      + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
+                         "the smoke policy will not write programs)"), flush=True)
         # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.
         with PartialState().main_process_first():
             model, tokenizer, chat = load_policy(
-                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows]
+                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows],
+                warm_start_examples=examples,
             )
     records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat) for r in rows]
     dataset = Dataset.from_list(records)
+    tasks = {prompt_key(rec["prompt"]): row for rec, row in zip(records, rows)}
 
     args = grpo_config(settings)
     rank = int(os.environ.get("RANK", "0"))
@@ -160,19 +195,36 @@ def train(
         reward_env_config(settings),
         completion_to_candidate=completion_to_candidate,
         log_path=os.path.join(settings.output_dir, f"evaluations-rank{rank}.jsonl"),
+        evaluate_many_fn=evaluate_many_fn,
     )
+    episode = settings.episode()
+    rollout = MultiTurnRollout(reward_fn, episode, chat, tasks, feedback=feedback_fn)
     checkpoint = resume_checkpoint(settings)
     metrics_path = os.path.join(settings.output_dir, "metrics.jsonl")
-    if not checkpoint and os.path.exists(metrics_path) and rank == 0:
-        os.remove(metrics_path)  # a fresh run starts a fresh curve
-    trainer = GRPOTrainer(
+    rollouts_path = os.path.join(settings.output_dir, f"rollouts-rank{rank}.jsonl")
+    if not checkpoint and rank == 0:
+        for path in (metrics_path, rollouts_path, reward_fn.log_path):
+            if os.path.exists(path):
+                os.remove(path)  # a fresh run starts a fresh curve
+    card = dict(policy=settings.policy.name_or_path, shards=settings.shards, split=settings.split,
+                tasks=len(rows), reward_env=reward_fn.eval_cfg, episode=episode, trainer=settings.trainer)
+    trainer_cls = _card_writing_trainer(lambda out: write_model_card(out, **card))
+    trainer = trainer_cls(
         model=model,
-        reward_funcs=[reward_fn],
+        reward_funcs=[EpisodeReward(episode.turns)],
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[MetricsJsonl(metrics_path, resume_step=_checkpoint_step(checkpoint))],
+        rollout_func=rollout,
+        callbacks=[MetricsJsonl(metrics_path, resume_step=_checkpoint_step(checkpoint),
+                                rollouts=rollout, rollouts_path=rollouts_path), *(callbacks or [])],
     )
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)  # both print each step's whole log dict (some 40 keys)
+    trainer.remove_callback(PrinterCallback)
+    if settings.print_steps:
+        trainer.add_callback(StepPrinter(episode.turns))
     result = trainer.train(resume_from_checkpoint=checkpoint)
     final_dir = os.path.join(settings.output_dir, "final")
     trainer.save_model(final_dir)
@@ -184,6 +236,8 @@ def train(
             "output_dir": settings.output_dir,
             "policy": settings.policy.name_or_path,
             "tasks": len(rows),
+            "turns": episode.turns,
+            "episode_reward": episode.reward,
             "global_step": trainer.state.global_step,
             "resumed_from": checkpoint,
             "train_runtime_s": result.metrics.get("train_runtime"),
@@ -194,4 +248,19 @@ def train(
         }
         with open(os.path.join(settings.output_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+        write_model_card(final_dir, **card, summary=summary)
+        write_model_card(settings.output_dir, **card, summary=summary)
     return summary
+
+
+def _card_writing_trainer(write: Callable[[str], None]):
+    """GRPOTrainer whose model card (written with every checkpoint) is ours: TRL's names the base
+    model from `config._name_or_path`, which is empty for a policy built in memory ("[None]")."""
+    from trl import GRPOTrainer
+
+    class OpsynthGRPOTrainer(GRPOTrainer):
+        def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+            if self.is_world_process_zero():
+                write(self.args.output_dir)
+
+    return OpsynthGRPOTrainer

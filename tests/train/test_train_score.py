@@ -72,7 +72,6 @@ def test_reward_env_crash_is_a_named_minus_one():
 
 @pytest.mark.slow
 def test_evaluate_mode_score_scores_a_folder_of_candidate_files(tmp_path):
-    pytest.importorskip("opsynth.reward.evaluate")
     from opsynth.train.data import load_rows
     from opsynth.train.bandit import candidates, task_source, write_task_shards
     from pipelines.evaluate import run
