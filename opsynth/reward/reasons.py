@@ -81,6 +81,7 @@ REASONS: dict[str, Reason] = {
     "runtime_error": Reason("build", "builds", "`forward` raised an exception"),
     "crashed": Reason("build", "builds", "the process running the program crashed"),
     "timeout": Reason("build", "time_limit", "the program did not finish within its time limit"),
+    "isolation_failed": Reason("build", "builds", "the sandbox around the program could not be set up (an environment fault, not the program's)"),
     "kernel_not_launched": Reason("anti_hacking", "own_kernels", "`forward` never called the program's own compiled code"),
     # correctness
     "incorrect": Reason("correctness", "match", "the outputs differ from `Model`'s beyond atol = rtol = 1e-2"),
