@@ -231,12 +231,17 @@ def test_sampler_scale_null_is_resolved_by_the_device_that_verifies(tmp_path, fa
 
     monkeypatch.setattr(opsynth.cluster, "visible_gpus", lambda: gpus)
     seen = tmp_path / "scales.txt"
-    inner = pipeline.process_candidate
+    inner = pipeline.process_candidate  # the stand-in; the scale is decided where a worker builds its sampler
+    import opsynth.verify.pool
 
-    def spy(index, seed, sampler_cfg, *args, **kw):
+    monkeypatch.setattr(opsynth.verify.pool, "detect_device", lambda want: "cuda" if gpus else "cpu")
+
+    def spy(index, seed, sampler_cfg, verify_cfg, *args, **kw):
+        assert sampler_cfg["scale"] is None  # not decided on the launching machine
+        scfg = pipeline._worker_sampler_config(sampler_cfg, verify_cfg["device"])  # what _context does
         with open(seen, "a") as f:
-            f.write(f"{sampler_cfg['scale']}\n")
-        return inner(index, seed, sampler_cfg, *args, **kw)
+            f.write(f"{scfg.scale}\n")
+        return inner(index, seed, sampler_cfg, verify_cfg, *args, **kw)
 
     monkeypatch.setattr(pipeline, "process_candidate", spy)
     cfg = _cfg(tmp_path / "ds", 2)
