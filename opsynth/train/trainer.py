@@ -56,6 +56,10 @@ class TrainSettings:
     trainer: dict[str, Any] = field(default_factory=dict)
     reward_workers: int | None = None  # candidates built in parallel per process (None: RewardConfig's default)
     reward_env: dict[str, Any] = field(default_factory=dict)  # RewardConfig fields, if any
+    # Where the rewards are computed: kind "none" in this process (each rank on its own GPU); else a
+    # Dask cluster with generate's settings (opsynth.cluster.ClusterConfig: local, local_cuda, slurm,
+    # scheduler + address), whose GPU workers measure, each under its own device lock.
+    reward_cluster: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     turns: int = 3  # turns per episode: the policy revises its program after each verdict (1: single-turn)
     episode_reward: str = "last"  # last | best | discounted (sum of turn_discount**(t-1) * reward_t)
     turn_discount: float = 0.4
@@ -110,6 +114,24 @@ def reward_env_config(settings: TrainSettings):
     if settings.reward_workers and "measure_workers" not in values and not cfg.resolved_prebuild(cfg.resolved_device()):
         cfg.measure_workers = settings.reward_workers  # without prebuild, candidates build in the measuring children
     return cfg
+
+
+def reward_cluster_evaluator(settings: TrainSettings):
+    """evaluate_many bound to the Dask cluster `reward_cluster` names (None: in this process).
+
+    The cluster lives as long as this process (closed at exit)."""
+    spec = dict(settings.reward_cluster or {})
+    if spec.get("kind", "none") in ("none", None):
+        return None
+    import atexit
+
+    from opsynth.cluster import ClusterConfig, start_cluster
+    from opsynth.config import build
+    from opsynth.reward.evaluate import evaluate_many
+
+    handle = start_cluster(build(ClusterConfig, spec, "reward_cluster"))
+    atexit.register(handle.close)
+    return lambda pairs, cfg: evaluate_many(pairs, cfg, client=handle.client)
 
 
 def resume_checkpoint(settings: TrainSettings) -> str | None:
@@ -191,6 +213,8 @@ def train(
 
     args = grpo_config(settings)
     rank = int(os.environ.get("RANK", "0"))
+    if evaluate_many_fn is None:
+        evaluate_many_fn = reward_cluster_evaluator(settings)
     reward_fn = KernelReward(
         reward_env_config(settings),
         completion_to_candidate=completion_to_candidate,
