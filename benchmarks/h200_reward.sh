@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 cat "$OUT/env.txt"
 STAGE=${1:-all}
 if [ "$STAGE" = all ] || [ "$STAGE" = throughput ]; then
-timeout 400 python3 benchmarks/reward_throughput.py --out "$OUT/reward_throughput.json" > "$OUT/reward_throughput.log" 2>&1
+timeout 400 python3 benchmarks/reward_throughput.py --baseline-count 2 --out "$OUT/reward_throughput.json" > "$OUT/reward_throughput.log" 2>&1
 echo "throughput rc=$?"; tail -12 "$OUT/reward_throughput.log"
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then

@@ -30,17 +30,16 @@ def _readable(cfg: Any, key: str, what: str) -> Path:
 
 def _check_task(task: str, path: Path) -> None:
     """A task the reward cannot even load is the caller's error, not a reward of -1."""
-    from opsynth.render.task_file import missing_names
+    import ast
+
+    from opsynth.render.task_file import REQUIRED_NAMES
 
     try:
-        compile(task, str(path), "exec")
+        tree = ast.parse(task, str(path))
     except SyntaxError as e:
         raise UsageError(f"task={path}: SyntaxError: {e.msg} (line {e.lineno})") from None
-    import ast
-    import types
-
-    names = {n.name for n in ast.parse(task).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
-    missing = missing_names(types.SimpleNamespace(**dict.fromkeys(names)))
+    names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    missing = [n for n in REQUIRED_NAMES if n not in names]
     if missing:
         raise UsageError(f"task={path}: not a KernelBench-format task (missing {', '.join(missing)})")
 

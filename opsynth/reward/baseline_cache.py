@@ -15,6 +15,7 @@ import secrets
 import socket
 import time
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def lookup(cfg, task_code: str, device: str) -> dict | None:
     if not isinstance(entry, dict):
         return None
     if not hmac.compare_digest(str(entry.get("sig", "")), _sign(trust_key(cfg), k, entry)):
-        print(f"[reward] cached baseline for task {k[:12]} does not verify: measuring it again", flush=True)
+        logging.getLogger(__name__).warning("cached baseline for task %s does not verify: measuring it again", k[:12])
         return None
     return entry
 

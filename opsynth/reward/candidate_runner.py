@@ -16,6 +16,7 @@ import types
 
 from contextlib import ExitStack
 
+from opsynth.reward.compare import as_output_list as _outputs_list
 from opsynth.reward.sandbox import child_main, device_lock
 
 _T_IMPORT = time.perf_counter()  # child start: setup_s counts from here (reset at each fork by sandbox.run_job)
@@ -123,7 +124,6 @@ def _same_bits(torch, a, b) -> bool:
     return torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8), b.detach().reshape(-1).contiguous().view(torch.uint8))
 
 
-from opsynth.reward.compare import as_output_list as _outputs_list  # noqa: E402
 
 
 def measure(job) -> dict:

@@ -208,8 +208,6 @@ def run_child(
             parent_sock.close()
             child_sock.close()
         return ChildResult("crashed", {}, f"[sandbox] could not start the child: {e}", time.perf_counter() - t0)
-    finally:
-        pass
     os.close(r_in)
     os.close(log_fd)
     if parent_sock is not None:

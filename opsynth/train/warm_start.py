@@ -654,14 +654,13 @@ class Unsupported(Exception):
 
 
 def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    raise Unsupported("not a name")
+    """`a.b.c` of an attribute chain (the static check's reading), or Unsupported."""
+    from opsynth.reward.static_check import _dotted as dotted
+
+    name = dotted(node)
+    if name is None:
+        raise Unsupported("not a name")
+    return name
 
 
 def _literal(node: ast.AST) -> Any:
