@@ -139,7 +139,8 @@ def measure(job) -> dict:
         torch.ones(1, device="cuda").add_(1)
         torch.cuda.synchronize()
     cuda_init_s = round(time.perf_counter() - t_ctx, 3)
-    from opsynth.reward import candidate_runner, timing
+    from opsynth.reward import candidate_runner
+    from opsynth.verify import timing
 
     snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner])
     init_inputs = torch.load(job["init_path"], weights_only=True)

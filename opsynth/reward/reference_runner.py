@@ -46,7 +46,7 @@ def run(job: dict) -> dict:
 def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
     import torch
 
-    from opsynth.reward.timing import time_forward
+    from opsynth.verify.timing import time_forward
 
     try:
         t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def _run(job: dict):
 
     from opsynth.render.task_file import load_task_module, with_second_shape
     from opsynth.reward.compare import as_output_list
-    from opsynth.reward.timing import Timer, time_forward
+    from opsynth.verify.timing import Timer, time_forward
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))
