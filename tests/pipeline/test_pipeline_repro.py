@@ -56,6 +56,19 @@ def _without_measurements(out) -> bytes:
     return buf.getvalue()
 
 
+def _why_rows_differ(a, b, rows_a, rows_b) -> str:
+    """The seeds only one run kept, and what the other run said of each (its rejection examples)."""
+    seeds = {o: {r["seed"] for r in rows} for o, rows in ((a, rows_a), (b, rows_b))}
+    lines = []
+    for kept, other in ((a, b), (b, a)):
+        said = {e["seed"]: e for e in json.loads((other / pipeline.STATE_FILE).read_text())["examples"]}
+        for seed in sorted(seeds[kept] - seeds[other]):
+            row = next(r for r in (rows_a if kept == a else rows_b) if r["seed"] == seed)
+            lines.append(f"seed {seed} kept by {kept.name} (eager {row['eager_ms']:.4g} ms), "
+                         f"{other.name} said: {json.dumps(said.get(seed, 'no example recorded'))[:600]}")
+    return "\n".join(lines) or "same seeds, different row contents"
+
+
 @pytest.mark.slow
 def test_same_seed_same_rows_under_timing_noise(two_runs):
     a, b = two_runs
@@ -63,7 +76,7 @@ def test_same_seed_same_rows_under_timing_noise(two_runs):
     assert len(rows_a) == len(rows_b) == N_TASKS
     strip = [{k: v for k, v in r.items() if k not in MEASURED} for r in rows_a], \
             [{k: v for k, v in r.items() if k not in MEASURED} for r in rows_b]
-    assert strip[0] == strip[1]
+    assert strip[0] == strip[1], _why_rows_differ(a, b, rows_a, rows_b)
     assert _without_measurements(a) == _without_measurements(b)  # byte-identical
     # The noise was there: the measured runtimes themselves differ between the runs.
     differ = sum(ra["eager_ms"] != rb["eager_ms"] for ra, rb in zip(rows_a, rows_b))
