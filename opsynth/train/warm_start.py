@@ -78,6 +78,18 @@ PW_BODY = r"""
     return v;
 """
 
+# Shared by the CPU library and the CUDA wrappers, like PW_BODY.
+AROUND = r"""
+// (outer, size of dim, inner) of a contiguous tensor around one dim.
+static void around(const torch::Tensor& x, int64_t& dim, int64_t& outer, int64_t& d, int64_t& inner) {
+    if (dim < 0) dim += x.dim();
+    outer = 1; inner = 1;
+    for (int64_t i = 0; i < dim; ++i) outer *= x.size(i);
+    for (int64_t i = dim + 1; i < x.dim(); ++i) inner *= x.size(i);
+    d = x.size(dim);
+}
+"""
+
 LIBRARY = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -166,15 +178,12 @@ torch::Tensor matmul(torch::Tensor x, torch::Tensor w) {
     return y;
 }
 
+@AROUND@
 // Reduce over one dim: mode 0 sum, 1 mean, 2 amax, 3 amin, 4 prod.
 torch::Tensor reduce(torch::Tensor x, int64_t dim, bool keepdim, int64_t mode) {
     auto xc = x.contiguous();
-    const int64_t nd = xc.dim();
-    if (dim < 0) dim += nd;
-    int64_t outer = 1, inner = 1;
-    for (int64_t i = 0; i < dim; ++i) outer *= xc.size(i);
-    for (int64_t i = dim + 1; i < nd; ++i) inner *= xc.size(i);
-    const int64_t d = xc.size(dim);
+    int64_t outer, d, inner;
+    around(xc, dim, outer, d, inner);
     auto sizes = xc.sizes().vec();
     if (keepdim) sizes[dim] = 1; else sizes.erase(sizes.begin() + dim);
     auto y = torch::empty(sizes, xc.options());
@@ -199,12 +208,8 @@ torch::Tensor reduce(torch::Tensor x, int64_t dim, bool keepdim, int64_t mode) {
 // Softmax over one dim: mode 0 softmax, 1 log_softmax, 2 softmin.
 torch::Tensor softmax(torch::Tensor x, int64_t dim, int64_t mode) {
     auto xc = x.contiguous();
-    const int64_t nd = xc.dim();
-    if (dim < 0) dim += nd;
-    int64_t outer = 1, inner = 1;
-    for (int64_t i = 0; i < dim; ++i) outer *= xc.size(i);
-    for (int64_t i = dim + 1; i < nd; ++i) inner *= xc.size(i);
-    const int64_t d = xc.size(dim);
+    int64_t outer, d, inner;
+    around(xc, dim, outer, d, inner);
     auto y = torch::empty_like(xc);
     const float* p = xc.data_ptr<float>();
     float* q = y.data_ptr<float>();
@@ -228,12 +233,8 @@ torch::Tensor softmax(torch::Tensor x, int64_t dim, int64_t mode) {
 // Scan over one dim: mode 0 cumsum, 1 cumprod, 2 logcumsumexp.
 torch::Tensor scan(torch::Tensor x, int64_t dim, int64_t mode) {
     auto xc = x.contiguous();
-    const int64_t nd = xc.dim();
-    if (dim < 0) dim += nd;
-    int64_t outer = 1, inner = 1;
-    for (int64_t i = 0; i < dim; ++i) outer *= xc.size(i);
-    for (int64_t i = dim + 1; i < nd; ++i) inner *= xc.size(i);
-    const int64_t d = xc.size(dim);
+    int64_t outer, d, inner;
+    around(xc, dim, outer, d, inner);
     auto y = torch::empty_like(xc);
     const float* p = xc.data_ptr<float>();
     float* q = y.data_ptr<float>();
@@ -304,7 +305,7 @@ torch::Tensor tri(torch::Tensor x, int64_t k, int64_t mode) {
             }
     return y;
 }
-""".replace("@PW_BODY@", PW_BODY)
+""".replace("@PW_BODY@", PW_BODY).replace("@AROUND@", AROUND)
 
 
 # The same functions for CUDA tensors: torch-free kernels and launchers in `cuda_sources` (nvcc never
@@ -481,15 +482,7 @@ void launch_conv2d(const float*, const float*, const float*, float*, int64_t, in
                    int64_t, int64_t);
 void launch_tri(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 
-// (outer, size of dim, inner) of a contiguous tensor around one dim.
-static void around(const torch::Tensor& x, int64_t& dim, int64_t& outer, int64_t& d, int64_t& inner) {
-    if (dim < 0) dim += x.dim();
-    outer = 1; inner = 1;
-    for (int64_t i = 0; i < dim; ++i) outer *= x.size(i);
-    for (int64_t i = dim + 1; i < x.dim(); ++i) inner *= x.size(i);
-    d = x.size(dim);
-}
-
+@AROUND@
 torch::Tensor pointwise(torch::Tensor x, std::vector<int64_t> ops, std::vector<double> a, std::vector<double> b,
                         int64_t stream) {
     TORCH_CHECK(ops.size() <= 16, "at most 16 pointwise ops in one chain");
@@ -582,7 +575,7 @@ torch::Tensor tri(torch::Tensor x, int64_t k, int64_t mode, int64_t stream) {
     launch_tri(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), xc.size(-2), xc.size(-1), k, mode, stream);
     return y;
 }
-"""
+""".replace("@AROUND@", AROUND)
 
 FUNCTIONS = ["pointwise", "binary", "linear", "matmul", "reduce", "softmax", "scan", "conv2d", "tri"]
 
