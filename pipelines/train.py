@@ -1,30 +1,54 @@
 """`python -m pipelines.train`: GRPO on opsynth shards, rewarded by the reward environment.
 
 Thin Hydra entry point: conf/train.yaml (groups policy/ and trainer/) -> `opsynth.train.trainer.train`.
+A bad setting or shards that give no tasks is one line on stderr, exit 2; Ctrl-C says what was
+kept and how to resume, exit 130 (the project's CLI contract, `opsynth.cli.entry`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
+
+from opsynth import cli
+
+
+def settings() -> dict:
+    """The dataclass the settings build (imported on demand: it imports torch and TRL)."""
+    from opsynth.train.trainer import TrainSettings
+
+    return {"": TrainSettings}
+
+
+def interrupted(cfg: DictConfig) -> str:
+    return (f"interrupted: the checkpoints saved so far are in {cfg.output_dir}; "
+            f"the same command with resume=true continues from the newest one")
 
 
 def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """Train with plain values taken from the config; returns the run summary."""
-    from opsynth.train.trainer import TrainSettings, train
+    from opsynth.train.data import TrainDataError
+    from opsynth.train.trainer import TrainSettings, grpo_config, train
 
     values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     values.pop("hydra", None)
-    summary = train(TrainSettings.from_dict(values))
+    try:
+        settings_ = TrainSettings.from_dict(values)
+        grpo_config(settings_)  # trainer.* keys GRPOConfig lacks, before any model loads
+    except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
+        raise cli.UsageError(f"invalid configuration: {e}") from None
+    try:
+        summary = train(settings_)
+    except TrainDataError as e:  # shards=... gives no tasks: the caller's input
+        raise cli.UsageError(f"shards={settings_.shards}: {e}") from None
     if summary:
         print(f"[train] steps {summary['global_step']}  reward first {summary['first_reward']} "
               f"last {summary['last_reward']}  -> {summary['output_dir']}")
     return summary
 
 
-@hydra.main(config_path="../conf", config_name="train", version_base=None)
+@cli.entry("train", fields=settings, interrupted=interrupted)
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

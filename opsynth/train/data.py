@@ -22,6 +22,15 @@ KEPT_COLUMNS = REQUIRED_COLUMNS + ("data_source", "eager_ms", "compile_ms", "dev
 SPLITS = ("train", "heldout", "all")
 
 
+class TrainDataError(ValueError):
+    """The shards named cannot give tasks (no such folder or Hub dataset, no shards, a row without
+    code, an empty split): the caller's input, said in one line by the train command."""
+
+
+class ShardsNotFound(TrainDataError, FileNotFoundError):
+    """No shards where the setting points."""
+
+
 def _local_parquet_files(folder: str) -> list[str]:
     """Shard files of a local folder: an opsynth dataset's shards in row order (the shard writer's own
     listing), else any Parquet files (an Ops-6K download, say), read here with a tolerant schema."""
@@ -30,7 +39,7 @@ def _local_parquet_files(folder: str) -> list[str]:
     try:
         shards = list_shards(folder)
     except ValueError as e:  # a gap in an opsynth folder's shard indices: say so rather than read part of it
-        raise FileNotFoundError(str(e)) from None
+        raise ShardsNotFound(str(e)) from None
     if shards:
         return [str(s.path) for s in shards]
     for pattern in ("data/*.parquet", "*.parquet", "**/*.parquet"):
@@ -49,14 +58,19 @@ def load_rows(source: str, hub_split: str = "train", limit: int | None = None) -
     if os.path.exists(source):
         files = [source] if os.path.isfile(source) else _local_parquet_files(source)
         if not files:
-            raise FileNotFoundError(f"no Parquet shards under {source} (expected data/train-*.parquet)")
+            raise ShardsNotFound(f"no Parquet shards under {source} (expected data/train-*.parquet)")
         tables = [pq.read_table(f) for f in files]
         table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
         rows = table.to_pylist()
     else:
         import datasets  # imported here: the local path needs only pyarrow
 
-        rows = list(datasets.load_dataset(source, split=hub_split))
+        try:
+            rows = list(datasets.load_dataset(source, split=hub_split))
+        except Exception as e:  # offline, no such repo, no such split: the caller's setting
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ShardsNotFound(f"{source} is not a local folder or file, and as a Hub dataset id it did not load "
+                                 f"({type(e).__name__}: {first})") from None
     rows = [_normalise_row(r) for r in rows]
     return rows[:limit] if limit else rows
 
@@ -64,7 +78,7 @@ def load_rows(source: str, hub_split: str = "train", limit: int | None = None) -
 def _normalise_row(row: dict[str, Any]) -> dict[str, Any]:
     missing = [c for c in ("code",) if c not in row]
     if missing:
-        raise KeyError(f"shard row lacks column(s) {missing}; have {sorted(row)}")
+        raise TrainDataError(f"shard row lacks column(s) {missing}; have {sorted(row)}")
     out = {k: row[k] for k in KEPT_COLUMNS if k in row}
     # Ops-6K rows have no task_id / num_ops: derive them so its shards load too.
     if not out.get("task_id"):
@@ -87,7 +101,7 @@ def split_rows(
 ) -> list[dict[str, Any]]:
     """Rows of one split: `heldout` holds the tasks whose hash falls below `heldout_fraction`."""
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        raise TrainDataError(f"unknown split {split!r}; expected one of {SPLITS}")
     rows = list(rows)
     if split == "all":
         return rows
@@ -123,5 +137,5 @@ def select_tasks(
     if limit:
         rows = rows[:limit]
     if not rows:
-        raise ValueError(f"no tasks in split {split!r} of {source} (heldout_fraction={heldout_fraction})")
+        raise TrainDataError(f"no tasks in split {split!r} of {source} (heldout_fraction={heldout_fraction})")
     return rows

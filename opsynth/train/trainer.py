@@ -97,6 +97,12 @@ def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
         kwargs["use_cpu"] = True
     kwargs.setdefault("shuffle_dataset", not settings.curriculum)
     names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    # transformers 5 renamed gradient_checkpointing* to activation_checkpointing* (the old names
+    # warn on every run): the configs keep the name users know; pass the one the installed version reads.
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if old in kwargs and new in names:
+            kwargs.setdefault(new, kwargs.pop(old))
     unknown = sorted(set(kwargs) - names)
     if unknown:
         raise ValueError(f"GRPOConfig has no field(s) {unknown}")
@@ -177,12 +183,12 @@ def train(
     from opsynth.train.reward_fn import KernelReward
     from opsynth.train.rollout import EpisodeReward, MultiTurnRollout, prompt_key
 
-    os.makedirs(settings.output_dir, exist_ok=True)
-    rows = select_tasks(
+    rows = select_tasks(  # first: shards that give no tasks leave no output folder behind
         settings.shards, split=settings.split, heldout_fraction=settings.heldout_fraction,
         curriculum=settings.curriculum, max_num_ops=settings.max_num_ops, limit=settings.limit_tasks,
         hub_split=settings.hub_split,
     )
+    os.makedirs(settings.output_dir, exist_ok=True)
     if model_and_tokenizer is not None:
         model, tokenizer = model_and_tokenizer
         chat = False

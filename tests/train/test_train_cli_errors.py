@@ -1,0 +1,54 @@
+"""`python -m pipelines.train` as a new user meets it: a misspelled key, shards that are not there
+or hold nothing, a trainer key GRPO does not have, a bad episode setting: each is one `error:` line
+on stderr that names the setting (exit 2, no traceback), before any model is loaded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# name -> (overrides, texts the error line must hold); {tmp} is the case's own folder
+CASES = {
+    "misspelled_key": (["shard={tmp}"], ["unknown setting 'shard'", "did you mean 'shards'?"]),
+    "missing_folder": (["shards={tmp}/nope"], ["shards={tmp}/nope", "not a local folder or file"]),
+    "folder_without_shards": (["shards={tmp}"], ["no Parquet shards under {tmp}"]),
+    "unknown_trainer_key": (["shards={tmp}", "++trainer.group_size=8"], ["invalid configuration",
+                                                                         "GRPOConfig has no field(s) ['group_size']"]),
+    "bad_episode_reward": (["shards={tmp}", "episode_reward=mean"], ["invalid configuration", "episode_reward"]),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_cli")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    procs = {}
+    for name, (overrides, _) in CASES.items():
+        tmp = root / name
+        tmp.mkdir()
+        args = [o.format(tmp=tmp) for o in overrides] + [f"output_dir={tmp}/out", f"hydra.run.dir={tmp}/hydra"]
+        procs[name] = (subprocess.Popen([sys.executable, "-m", "pipelines.train", *args], cwd=REPO, env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), tmp)
+    done = {}
+    for name, (proc, tmp) in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        done[name] = (proc.returncode, stdout, stderr, tmp)
+    return done
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_train_usage_error_is_one_line_naming_the_setting_exit_2(results, name):
+    code, stdout, stderr, tmp = results[name]
+    assert code == 2, (name, stdout, stderr[-3000:])
+    assert "Traceback" not in stdout + stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr[-3000:]
+    for text in CASES[name][1]:
+        assert text.format(tmp=tmp) in lines[0], (text, lines[0])
+    assert not (tmp / "out").exists()  # nothing trained, nothing written
