@@ -149,8 +149,9 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
     serialize_ast_parse()
     with _CTX_LOCK:
         if "catalog" not in _CTX:
-            from opsynth.catalog import load_catalog
+            from opsynth.catalog import load_catalog, quiet_standalone_modules
 
+            quiet_standalone_modules()  # the cost model's replays build attention modules standalone
             _CTX["catalog"] = load_catalog()
         if _CTX.get("sampler_key") != key(sampler_cfg, verify_cfg["device"]):
             from opsynth.graph import Sampler

@@ -26,6 +26,18 @@ def interrupted(cfg: DictConfig) -> str:
             f"the same command with resume=true continues from the newest one")
 
 
+def quiet_training_libraries() -> None:
+    """Silence what transformers and TRL print that a user cannot act on: a deprecation warning TRL
+    itself triggers (it reads `model.is_gradient_checkpointing`) and the bar every checkpoint save
+    draws ("Writing model shards"). The per-step line is the run's progress."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    hf_logging.disable_progress_bar()
+
+
 def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """Train with plain values taken from the config; returns the run summary."""
     from opsynth.train.data import TrainDataError
@@ -38,6 +50,7 @@ def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
         grpo_config(settings_)  # trainer.* keys GRPOConfig lacks, before any model loads
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         raise cli.UsageError(f"invalid configuration: {e}") from None
+    quiet_training_libraries()
     try:
         summary = train(settings_)
     except TrainDataError as e:  # shards=... gives no tasks: the caller's input

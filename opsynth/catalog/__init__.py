@@ -8,7 +8,7 @@ import warnings
 
 from .spec import CATEGORIES, PATTERNS, Catalog, OpSpec
 
-__all__ = ["CATEGORIES", "PATTERNS", "Catalog", "OpSpec", "load_catalog", "mine_catalog"]
+__all__ = ["CATEGORIES", "PATTERNS", "Catalog", "OpSpec", "load_catalog", "mine_catalog", "quiet_standalone_modules"]
 
 
 def _transformers_version() -> str | None:
@@ -43,6 +43,17 @@ def load_catalog(include_transformers: bool | None = None, use_cache: bool = Tru
     if use_cache:
         cache.save(key, cat)
     return cat
+
+
+def quiet_standalone_modules() -> None:
+    """For the rest of this process, keep transformers' warnings about modules built standalone
+    off stderr (see ``_transformers_quiet``). For processes that build sampled tasks' modules (the
+    generate workers replay them on meta tensors to size them): nothing a user can act on."""
+    try:
+        from transformers.utils import logging as tf_logging
+    except Exception:
+        return
+    tf_logging.set_verbosity_error()
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import time
 import pytest
 from pipeline_cli import FAST, REPO, generate_cmd, run_env, run_generate, wait_gone
 
-from opsynth.shards import count_rows
+from opsynth.shards import count_rows, read_rows
 
 
 def _start(cmd, env) -> subprocess.Popen:
@@ -70,8 +70,11 @@ def test_ctrl_c_keeps_the_rows_says_so_and_the_same_command_resumes(tmp_path, ke
     out = tmp_path / "ds"
     cmd = generate_cmd(out, "n_tasks=200", "flush_every=1", *FAST)
     # own session, and SIGINT to the whole group: what a terminal's Ctrl-C does
+    # SIGINT handled as in a terminal even when the suite itself runs with SIGINT ignored (a shell
+    # starts background jobs so, and Python then installs no handler: the signal would be lost).
     proc = subprocess.Popen(cmd, cwd=REPO, env=run_env(kernelbench, marker), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None and not list((out / "data").glob("part-*.parquet")):
         time.sleep(0.3)
@@ -113,3 +116,12 @@ def test_a_first_run_prints_only_what_the_user_needs_and_a_rerun_writes_nothing(
     assert again.returncode == 0, again.stderr
     assert "nothing to generate" in again.stdout + again.stderr  # Hydra's console log is stdout
     assert "wrote" not in again.stdout + again.stderr
+
+    # Sampled transformers modules built standalone (seed 4: OPTAttention without layer_idx, then
+    # attention forwards without _attn_implementation) warn in the workers that size them: not here.
+    tf_out = tmp_path / "tf"
+    tf = run_generate(generate_cmd(tf_out, "n_tasks=5", "seed=4", "sampler.mixture={transformers: 1.0}", *FAST),
+                      env, timeout=300)
+    assert tf.returncode == 0, tf.stderr
+    assert "transformers.OPTAttention" in {op for row in read_rows(tf_out) for op in row["ops"]}
+    assert tf.stderr.strip().splitlines() == [f"wrote 1 shard(s) to {tf_out}"], tf.stderr
