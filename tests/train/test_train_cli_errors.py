@@ -52,3 +52,37 @@ def test_a_train_usage_error_is_one_line_naming_the_setting_exit_2(results, name
     for text in CASES[name][1]:
         assert text.format(tmp=tmp) in lines[0], (text, lines[0])
     assert not (tmp / "out").exists()  # nothing trained, nothing written
+
+
+def test_ctrl_c_during_training_says_where_the_checkpoints_are_exit_130(tmp_path):
+    import signal
+    import time
+
+    from opsynth.train.bandit import task_source, write_task_shards
+
+    out = tmp_path / "run"
+    shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=4)
+    cmd = [sys.executable, "-m", "pipelines.train", f"shards={shards}", f"output_dir={out}",
+           f"hydra.run.dir={tmp_path / 'hydra'}", "trainer.steps=50", "trainer.save_steps=1", "turns=1",
+           "reward_workers=2", "++reward_env.prebuild=false"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # own session and SIGINT to the whole group, as a terminal's Ctrl-C; a default SIGINT even when
+    # the suite runs with it ignored
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None and not (out / "checkpoint-1").is_dir():
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (f"interrupted: the checkpoints saved so far are in {out}; "
+                                               "the same command with resume=true continues from the newest one")
+    assert (out / "checkpoint-1").is_dir()
