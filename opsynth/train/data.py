@@ -67,7 +67,7 @@ def load_rows(source: str, hub_split: str = "train", limit: int | None = None) -
 
         try:
             rows = list(datasets.load_dataset(source, split=hub_split))
-        except Exception as e:  # offline, no such repo, no such split: the caller's setting
+        except Exception as e:  # noqa: BLE001 - offline, no such repo, no such split: the caller's setting
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ShardsNotFound(f"{source} is not a local folder or file, and as a Hub dataset id it did not load "
                                  f"({type(e).__name__}: {first})") from None

@@ -76,7 +76,7 @@ def test_ctrl_c_during_training_says_where_the_checkpoints_are_exit_130(tmp_path
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()
         os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
