@@ -111,10 +111,10 @@ class VerifyConfig:
     max_calib_steps: int = 6
     target_median_ms: float = 4.0
     target_p90_ms: float = 20.0
-    # CPU targets: narrow and near 1 ms, so that a loaded or different CPU shifts runtimes without
-    # pushing them to the edges of the (wide) CPU band.
-    cpu_target_median_ms: float = 1.0
-    cpu_target_p90_ms: float = 2.0
+    # CPU targets: narrow and near 2 ms (conf/verify/cpu.yaml says why not 1), so that a loaded or
+    # different CPU shifts runtimes without pushing them to the edges of the (wide) CPU band.
+    cpu_target_median_ms: float = 2.0
+    cpu_target_p90_ms: float = 4.0
     band_margin: float = 2.0
     # Reference rates of the cost model, per device kind, in the units the worker's peak
     # measurement reports: fp32 matmul TFLOP/s, copy GB/s, exp G elements/s and us per eager
