@@ -46,15 +46,15 @@ def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     values.pop("hydra", None)
     try:
-        settings_ = TrainSettings.from_dict(values)
-        grpo_config(settings_)  # trainer.* keys GRPOConfig lacks, before any model loads
+        train_settings = TrainSettings.from_dict(values)
+        grpo_config(train_settings)  # trainer.* keys GRPOConfig lacks, before any model loads
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         raise cli.UsageError(f"invalid configuration: {e}") from None
     quiet_training_libraries()
     try:
-        summary = train(settings_)
+        summary = train(train_settings)
     except TrainDataError as e:  # shards=... gives no tasks: the caller's input
-        raise cli.UsageError(f"shards={settings_.shards}: {e}") from None
+        raise cli.UsageError(f"shards={train_settings.shards}: {e}") from None
     if summary:
         print(f"[train] steps {summary['global_step']}  reward first {summary['first_reward']} "
               f"last {summary['last_reward']}  -> {summary['output_dir']}")

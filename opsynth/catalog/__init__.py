@@ -49,11 +49,18 @@ def quiet_standalone_modules() -> None:
     """For the rest of this process, keep transformers' warnings about modules built standalone
     off stderr (see ``_transformers_quiet``). For processes that build sampled tasks' modules (the
     generate workers replay them on meta tensors to size them): nothing a user can act on."""
+    tf_logging = _tf_logging()
+    if tf_logging is not None:
+        tf_logging.set_verbosity_error()
+
+
+def _tf_logging():
+    """transformers' logging module, or None without transformers."""
     try:
         from transformers.utils import logging as tf_logging
     except Exception:
-        return
-    tf_logging.set_verbosity_error()
+        return None
+    return tf_logging
 
 
 @contextlib.contextmanager
@@ -61,9 +68,8 @@ def _transformers_quiet():
     """Probing builds modules standalone, which transformers warns about through its own logger
     (xIELU's missing CUDA kernel, AttentionInterface without `_attn_implementation`, OPTAttention
     without `layer_idx`): expected here, and nothing a user of the catalog can act on."""
-    try:
-        from transformers.utils import logging as tf_logging
-    except Exception:
+    tf_logging = _tf_logging()
+    if tf_logging is None:
         yield
         return
     level = tf_logging.get_verbosity()
