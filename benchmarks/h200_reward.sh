@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPSYNTH_KERNELBENCH=$PWD/.kb/kern
 export OPSYNTH_CCACHE=$PWD/.tools/ccache/ccache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { nvidia-smi -L; nproc; python3 --version; $OPSYNTH_CCACHE --version | head -1; uname -r; id -u
-  python3 -c "from opsynth.reward.isolation import probe; print('isolation probe:', probe())"; } > "$OUT/env.txt" 2>&1
+  python3 -c "from opsynth.runtime.isolation import probe; print('isolation probe:', probe())"; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 STAGE=${1:-all}
 if [ "$STAGE" = all ] || [ "$STAGE" = throughput ]; then

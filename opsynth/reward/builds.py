@@ -310,7 +310,7 @@ class BuildService:
         return d if (d / f"{name}.so").is_file() and (d / "meta.json").is_file() else None
 
     def _build(self, req: dict, key: str, name: str) -> dict:
-        from opsynth.reward.sandbox import run_child
+        from opsynth.runtime.sandbox import run_child
 
         scratch = Path(tempfile.mkdtemp(prefix="opsynth_build_"))
         t0 = time.perf_counter()
@@ -328,7 +328,7 @@ class BuildService:
             }
             writable = [str(self.cache_dir / "ccache")] if self.ccache else []
             res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg,
-                            writable=writable, env_extra=self.env)
+                            writable=writable, env_extra=self.env, shared_ids=True)
             wall = time.perf_counter() - t0
             with self.stats.lock:
                 self.stats.builds += 1

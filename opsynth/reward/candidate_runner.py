@@ -17,7 +17,7 @@ import types
 from contextlib import ExitStack
 
 from opsynth.reward.compare import as_output_list as _outputs_list
-from opsynth.reward.sandbox import child_main, device_lock
+from opsynth.runtime.sandbox import child_main, device_lock
 
 _T_IMPORT = time.perf_counter()  # child start: setup_s counts from here (reset at each fork by sandbox.run_job)
 
@@ -37,7 +37,7 @@ def _install(job):
 
     audit = guards.OpAudit()
     guards.Blocker(audit).install()
-    from opsynth.reward import sandbox
+    from opsynth.runtime import sandbox
 
     tracker = guards.ExtensionTracker(audit, sandbox.BUILD_FD)  # builds go to the trusted build service
     tracker.install()

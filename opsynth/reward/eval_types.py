@@ -61,7 +61,7 @@ class RewardConfig:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
     def __post_init__(self):
-        from opsynth.reward.isolation import MODES
+        from opsynth.runtime.isolation import MODES
 
         if self.isolation not in MODES:
             raise ValueError(f"reward.isolation must be one of {list(MODES)}, got {self.isolation!r}")

@@ -1,7 +1,7 @@
 """Reward for one candidate kernel (or many): sandboxed, hack-resistant, -1 / 1 / 2 / 3.
 
 Flow of one evaluation (every untrusted step in its own confined child, forked from a warm server,
-with timeout and limits; see opsynth.reward.sandbox and .isolation):
+with timeout and limits; see opsynth.runtime.sandbox and .isolation):
 
 1. resolve the candidate (source, file, workspace, or fenced code in a completion) and pre-check it
    statically (cheap rejections first);
@@ -100,7 +100,7 @@ def _device_env(cfg: RewardConfig, device: str) -> dict:
 
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Reference:
     from opsynth.reward import baseline_cache
-    from opsynth.reward.sandbox import run_child
+    from opsynth.runtime.sandbox import run_child
 
     scratch = _tmpdir("opsynth_ref_")
     (scratch / "task.py").write_text(task_code)
@@ -166,9 +166,12 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
         "device_lock": _lock_path(cfg, device),
     }
     if ref is not None and ref.job is not None:
+        # A copy in the candidate's own scratch: the reference's scratch belongs to the reference
+        # child's uid, which no other child can read.
+        shutil.copyfile(ref.job["init_path"], scratch / "init.pt")
         job.update(
             {
-                "init_path": ref.job["init_path"],
+                "init_path": str(scratch / "init.pt"),
                 "output_meta": ref.job["output_meta"],
                 "has_second": ref.job["has_second"],
                 "init_seed": ref.job["init_seed"],
@@ -182,7 +185,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
 
 def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
     """Run the candidate's module top level once (compiling its extensions into the shared cache)."""
-    from opsynth.reward.sandbox import run_child
+    from opsynth.runtime.sandbox import run_child
 
     job = _candidate_job(spec, None, cfg, device, scratch, "build")
     job["cpu_threads"] = 1  # it only waits for builds: no torch thread pools next to the compilers
@@ -192,7 +195,7 @@ def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
     from opsynth.reward.compare import judge_outputs
-    from opsynth.reward.sandbox import run_child
+    from opsynth.runtime.sandbox import run_child
 
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
@@ -300,7 +303,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
     if not specs:
         return [r for r in results]  # type: ignore[misc]
     try:
-        from opsynth.reward.sandbox import isolation_enabled
+        from opsynth.runtime.sandbox import isolation_enabled
 
         isolation_enabled(cfg.isolation)  # one clear error before any child, not one per candidate
     except RuntimeError as e:
@@ -316,7 +319,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
     def build(digest):
         i = by_digest[digest][0]
         if not cfg.resolved_prebuild(device):  # the measuring child builds inline
-            from opsynth.reward.sandbox import ChildResult
+            from opsynth.runtime.sandbox import ChildResult
 
             return digest, ChildResult("ok")
         say(f"[reward] candidate {i}: running its module top level (builds its extensions)")

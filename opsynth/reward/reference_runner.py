@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 
-from opsynth.reward.sandbox import child_main, device_lock
+from opsynth.runtime.sandbox import child_main, device_lock
 
 
 def _to_cpu(x):

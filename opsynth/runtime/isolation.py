@@ -1,8 +1,11 @@
-"""Confine an untrusted child with Linux namespaces: it can write only to its own folders.
+"""Confine an untrusted child: it can write only to its own folders and cannot undo that.
 
 Called in a freshly forked child, before any untrusted code runs. The child gets its own mount,
 network, IPC and PID namespaces (and a user namespace when it is not root, so the same code works
-for an ordinary user):
+for an ordinary user), then gives up every privilege (`privileges.drop_all`: no capabilities,
+`no_new_privs`, and as root an unprivileged uid) and installs the system-call filter
+(`syscall_filter`: no mount, namespace, ptrace or kernel-administration calls). Without that second
+step a child started as root keeps CAP_SYS_ADMIN and undoes the read-only remounts with one call.
 
 - every mount is remounted read-only except the folders it may write (its scratch folder; for a
   build child also the compiler cache); folders it must not even read (the trust key) are covered
@@ -46,6 +49,7 @@ MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 
 PR_SET_PDEATHSIG = 1
+MNT_DETACH = 2
 
 _KEEP_FLAGS = {  # per-mount flags a remount must keep (the kernel refuses to drop locked ones)
     "nosuid": MS_NOSUID,
@@ -73,6 +77,7 @@ def _c():
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
         _libc.unshare.argtypes = [ctypes.c_int]
+        _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
         _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     return _libc
 
@@ -118,14 +123,30 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def enter(writable: list[str], hidden: list[str] = (), must_not_write: list[str] = ()) -> None:
+def enter(
+    writable: list[str],
+    hidden: list[str] = (),
+    must_not_write: list[str] = (),
+    readable: list[str] = (),
+    ids: tuple[int, int] | None = None,
+    syscall_filter: bool = True,
+) -> None:
     """Confine the calling process (a fresh fork; single-threaded) and its future children.
 
     Returns in a new process (PID 1 of the new PID namespace); the process that called it waits for
     that one and exits with its status, so a caller's pid, process group and exit code keep their
     meaning. Raises IsolationError if any part fails: never run untrusted code after that.
+
+    `ids` (uid, gid): started as root, the child ends as these; `readable` are the paths it must
+    still reach as that uid (the interpreter, the package, the extension cache). Whatever the start,
+    it ends with no capabilities, `no_new_privs`, and the system-call filter (`syscall_filter`).
     """
+    from opsynth.runtime import privileges
+
+    if syscall_filter:
+        _ = syscall_filter_module()._binding()  # loaded while the whole file system is still in view
     uid, gid = os.getuid(), os.getgid()
+    switch = ids is not None and uid == 0
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWPID
     if uid != 0:
         flags |= CLONE_NEWUSER
@@ -153,9 +174,35 @@ def enter(writable: list[str], hidden: list[str] = (), must_not_write: list[str]
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the process above
     try:
         _confine_mounts(writable, hidden)
-        _verify(must_not_write, writable)
+        if switch:
+            expose([*readable, *writable], writable)
+        privileges.drop_all(*(ids if switch else (None, None)))
+        if syscall_filter:
+            syscall_filter_module().install()
+        bad = privileges.confined_problems(want_uid=ids[0] if switch else None)
+        if not syscall_filter:
+            bad = [b for b in bad if not b.startswith("Seccomp=")]
+        if bad:
+            raise IsolationError("privileges still held after dropping them: " + ", ".join(bad))
+        _verify(must_not_write, writable, hidden)
     except (OSError, IsolationError) as e:
         raise IsolationError(str(e)) from None
+
+
+def syscall_filter_module():
+    from opsynth.runtime import syscall_filter as mod
+
+    return mod
+
+
+def readable_paths(extra: list[str] = ()) -> list[str]:
+    """What a child running as an unprivileged uid must still read: the interpreter, its libraries,
+    the package, and the caller's extra paths."""
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [sys.prefix, sys.base_prefix, repo, *[p for p in sys.path if p and os.path.isabs(p)], *extra]
+    return list(dict.fromkeys(str(p) for p in paths if p and os.path.exists(p)))
 
 
 def _confine_mounts(writable: list[str], hidden: list[str]) -> None:
@@ -179,8 +226,63 @@ def _confine_mounts(writable: list[str], hidden: list[str]) -> None:
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # only this namespace's processes
 
 
-def _verify(must_not_write: list[str], writable: list[str]) -> None:
-    """Refuse to go on unless the places that matter really are read-only here."""
+def _blocking_ancestor(path: str) -> str | None:
+    """The highest folder above `path` that a uid owning nothing cannot pass (no o+x), if any."""
+    parts = path.strip("/").split("/")[:-1]
+    cur = ""
+    for part in parts:
+        cur += "/" + part
+        try:
+            if not os.stat(cur).st_mode & 0o001:
+                return cur
+        except OSError:
+            return None
+    return None
+
+
+def expose(paths: list[str], writable: list[str] = ()) -> None:
+    """Let an unprivileged uid reach `paths` through folders it could not pass (root's 0700 home).
+
+    Each such folder is replaced, in this mount namespace only, by a read-only skeleton that holds
+    exactly the needed paths (bound from the original, read-only unless in `writable`); everything
+    else in it (keys, tokens, other users' files) is gone from the view. The host's modes never
+    change. The originals are reached through a descriptor opened before the skeleton covers them.
+    """
+    real = sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)}, key=len)
+    writable = [os.path.realpath(w) for w in writable]
+    groups: dict[str, list[str]] = {}  # highest blocked folder -> the needed paths below it
+    for p in real:
+        b = _blocking_ancestor(p)
+        if b is not None and not _inside(p, groups.get(b, [])):
+            groups.setdefault(b, []).append(p)
+    for b in sorted(groups, key=len):
+        fd = os.open(b, os.O_PATH | os.O_DIRECTORY)
+        try:
+            _mount("tmpfs", b, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            for p in groups[b]:
+                rel = os.path.relpath(p, b)
+                src, dst = f"/proc/self/fd/{fd}/{rel}", os.path.join(b, rel)
+                if os.path.isdir(src):
+                    os.makedirs(dst, 0o755, exist_ok=True)
+                else:
+                    os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+                    open(dst, "a").close()
+                _mount(src, dst, None, MS_BIND | MS_REC)
+                if not _inside(p, writable):
+                    _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+            _mount(None, b, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        finally:
+            os.close(fd)
+
+
+def _verify(must_not_write: list[str], writable: list[str], hidden: list[str] = ()) -> None:
+    """Refuse to go on unless the places that matter really are read-only (and hidden ones empty) here."""
+    for h in hidden:
+        try:
+            if os.listdir(h):
+                raise IsolationError(f"{h} is still visible inside the sandbox")
+        except OSError:
+            pass  # EACCES / ENOENT: as it should be
     for d in must_not_write:
         if not os.path.isdir(d) or _inside(os.path.realpath(d), [os.path.realpath(w) for w in writable]):
             continue
@@ -195,25 +297,39 @@ def _verify(must_not_write: list[str], writable: list[str]) -> None:
 
 
 def probe() -> tuple[bool, str]:
-    """Whether `enter` works here: tried in a throwaway child. (ok, why not)."""
+    """Whether `enter` works here, all of it (namespaces, privileges, filter): tried in a throwaway
+    child that then tries to remount and to write outside its scratch. (ok, why not)."""
     import tempfile
 
     scratch = tempfile.mkdtemp(prefix="opsynth_probe_")
+    ids = None
+    if os.getuid() == 0:
+        from opsynth.runtime.privileges import SANDBOX_ID_BASE
+
+        ids = (SANDBOX_ID_BASE, SANDBOX_ID_BASE)
+        os.chown(scratch, *ids)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         os.close(r)
         try:
-            enter([scratch], must_not_write=[os.path.dirname(scratch), os.path.dirname(__file__)])
+            enter([scratch], must_not_write=[os.path.dirname(scratch), os.path.dirname(__file__)],
+                  readable=readable_paths(), ids=ids)
             with open(os.path.join(scratch, "ok"), "w") as f:
                 f.write("ok")
             import socket
 
+            msg = "ok"
+            try:
+                _mount(None, "/", None, MS_REMOUNT | MS_BIND)
+                msg = "a remount succeeded inside the sandbox"
+            except OSError:
+                pass
             try:
                 socket.create_connection(("127.0.0.1", 9), timeout=1)
                 msg = "network reachable inside the sandbox"
             except OSError:
-                msg = "ok"
+                pass
             os.write(w, msg.encode())
         except BaseException as e:  # noqa: BLE001
             os.write(w, f"{type(e).__name__}: {e}".encode()[:500])

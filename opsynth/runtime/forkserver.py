@@ -79,6 +79,14 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
         os.dup2(fds["log"], 2)
         for fd in (fds["stdin"], fds["log"]):
             os.close(fd)
+        # Nothing the server holds open (its pipes, imported libraries' files) reaches the job.
+        keep = sorted({0, 1, 2, *([fds["build"]] if "build" in fds else [])})
+        lo = 3
+        for fd in keep:
+            if fd >= lo:
+                os.closerange(lo, fd)
+                lo = fd + 1
+        os.closerange(lo, 65536)
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         os.chdir(req["cwd"])
@@ -89,10 +97,13 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
         tempfile.tempdir = None  # the server's cached /tmp: recompute from this job's TMPDIR (its scratch)
         iso = req.get("isolation") or {}
         if iso.get("enabled"):
-            from opsynth.reward import isolation
+            from opsynth.runtime import isolation
 
-            isolation.enter(iso["writable"], iso.get("hidden", []), iso.get("must_not_write", []))
-        from opsynth.reward.sandbox import run_job
+            isolation.enter(
+                iso["writable"], iso.get("hidden", []), iso.get("must_not_write", []), iso.get("readable", []),
+                tuple(iso["ids"]) if iso.get("ids") else None, iso.get("syscall_filter", True),
+            )
+        from opsynth.runtime.sandbox import run_job
 
         run_job(req["module"], req["job_path"], build_fd=fds.get("build"))
         code = 0
@@ -246,7 +257,7 @@ class ForkServer:
 
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [python, "-m", "opsynth.reward.forkserver", self.name],
+            [python, "-m", "opsynth.runtime.forkserver", self.name],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,

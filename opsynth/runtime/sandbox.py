@@ -2,7 +2,7 @@
 
 `run_child(module, job, scratch, timeout_s, cfg)` asks this process's fork server (one per process
 and settings, started on first use with a scrubbed environment) for a child that runs
-`module.run(job)`. The child is confined by `opsynth.reward.isolation` (it writes only to its own
+`module.run(job)`. The child is confined by `opsynth.runtime.isolation` (it writes only to its own
 scratch folder, sees no network and no other process), gets rlimits, and is killed with everything
 it spawned when it outlives `timeout_s`. It writes its verdict to a JSON file; anything it prints
 becomes the log. A `build_handler` answers the child's requests to compile extensions: builds run
@@ -15,6 +15,7 @@ import json
 import os
 import re
 import resource
+import secrets
 import signal
 import socket
 import sys
@@ -88,7 +89,7 @@ def isolation_enabled(mode: str) -> bool:
     `none` runs children unconfined (a warning says so); `auto` and `namespaces` need the probe to
     pass, or raise with one line saying what failed and how to opt out.
     """
-    from opsynth.reward import isolation
+    from opsynth.runtime import isolation
 
     if mode not in isolation.MODES:
         raise ValueError(f"reward.isolation must be one of {isolation.MODES}, got {mode!r}")
@@ -111,7 +112,7 @@ def isolation_enabled(mode: str) -> bool:
 
 def fork_server(env: dict):
     """This process's fork server for an environment, started on first use and restarted if it died."""
-    from opsynth.reward.forkserver import ForkServer
+    from opsynth.runtime.forkserver import ForkServer
 
     key = tuple(sorted(env.items()))
     with _servers_lock:
@@ -127,6 +128,36 @@ def shutdown_servers() -> None:
         for srv in _servers.values():
             srv.close()
         _servers.clear()
+
+
+def child_ids(shared: bool = False) -> tuple[int, int]:
+    """The uid and gid a confined child runs as under root: its own, or the builds' shared one."""
+    from opsynth.runtime.privileges import SANDBOX_ID_BASE, SANDBOX_ID_SPAN
+
+    k = 0 if shared else 1 + secrets.randbelow(SANDBOX_ID_SPAN - 1)
+    return SANDBOX_ID_BASE + k, SANDBOX_ID_BASE + k
+
+
+def hand_over(paths: list[str], ids: tuple[int, int], recursive: bool) -> None:
+    """Give the child's writable folders to its uid (trusted side, before the child starts).
+
+    `recursive=False` for a shared cache: only entries not already the child's are changed, so a
+    large compiler cache is walked once, the first time.
+    """
+    uid, gid = ids
+    for top in paths:
+        if not os.path.isdir(top):
+            continue
+        st = os.lstat(top)
+        if not recursive and (st.st_uid, st.st_gid) == ids:
+            continue
+        for root, dirs, files in os.walk(top):
+            for name in [*dirs, *files]:
+                try:
+                    os.lchown(os.path.join(root, name), uid, gid)
+                except FileNotFoundError:
+                    pass
+        os.lchown(top, uid, gid)
 
 
 def _serve_builds(sock: socket.socket, handler: Callable[[dict], dict]) -> None:
@@ -160,11 +191,15 @@ def run_child(
     build_handler: Callable[[dict], dict] | None = None,
     writable: list[str] = (),
     env_extra: dict | None = None,
+    readable: list[str] = (),
+    shared_ids: bool = False,
 ) -> ChildResult:
     """Run `module.run(job)` in a fresh confined child; kill its whole process group on timeout.
 
     stdin_bytes, when given, is streamed to the child's stdin (read by it when it is ready);
-    `writable` adds folders it may write besides its scratch (a build child's compiler cache).
+    `writable` adds folders it may write besides its scratch (a build child's compiler cache);
+    `readable` adds paths it must read (the extension cache). Under root each child runs as a uid
+    of its own (`shared_ids`: the one build uid, for children that share a compiler cache).
     """
     scratch = Path(scratch)
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
@@ -174,11 +209,19 @@ def run_child(
     result_path = Path(job["result_path"])
     result_path.unlink(missing_ok=True)
     log_path = job_path.with_suffix(".log")
+    from opsynth.runtime import isolation
+
     isolated = isolation_enabled(getattr(cfg, "isolation", "auto"))
     base = base_env(getattr(cfg, "tool_path", None) or [])
     srv = fork_server(base)
     env = job_env(base, scratch, job.get("cpu_threads", getattr(cfg, "cpu_threads", None)), env_extra)
     cache_dir = cfg.resolved_cache_dir()
+    ids = None
+    if isolated and os.getuid() == 0:
+        ids = child_ids(shared_ids)
+        env.update(USER="opsynth-sandbox", LOGNAME="opsynth-sandbox")
+        hand_over([str(scratch)], ids, recursive=True)
+        hand_over([str(w) for w in writable], ids, recursive=False)
     req = {
         "module": module,
         "job_path": str(job_path),
@@ -189,6 +232,9 @@ def run_child(
             "writable": [str(scratch), *map(str, writable)],
             "hidden": [str(cache_dir / "trust")] if (cache_dir / "trust").is_dir() else [],
             "must_not_write": [str(cache_dir), str(REPO_ROOT), str(Path(sys.prefix))],
+            "readable": isolation.readable_paths([str(cache_dir), *map(str, readable)]),
+            "ids": ids,
+            "syscall_filter": getattr(cfg, "syscall_filter", True),
         },
     }
     t0 = time.perf_counter()

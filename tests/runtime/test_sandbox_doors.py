@@ -1,0 +1,194 @@
+"""The sandbox holds against a candidate's own C++, as root and as an ordinary user.
+
+One correct, slow candidate (the naive linear+relu) carries a C++ extension that tries every door
+out of the sandbox (tests/runtime/doors.py) from its static initialiser and again from forward:
+remount read-write, unmount the cover over the signing key, a new user+mount namespace, fresh tmpfs
+and proc mounts, setns, chroot, ptrace and signal the evaluator, read the key by path, write into
+/dev/shm, /tmp, the baseline cache, the compiler cache and the package. A second one is the exploit
+that was seen: unmount the cover, read the key, re-sign baselines 1000x slower. The static
+pre-check is off: only the sandbox stands in the way.
+
+Every door stays shut (its bit is 0 at load time and in forward), the door candidate is judged the
+slow correct program it is (reward 1), a known slow candidate evaluated afterwards still gets 1, and
+nothing changed in the package, the cache, the compiler cache, /dev/shm or /tmp. The control run with
+`reward.isolation=none` shows the doors open and the exploit working (a slow candidate then scores
+3), so these tests can fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from doors import DOORS, door_source, parse_masks  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "opsynth"
+CANDS = REPO / "tests" / "reward" / "candidates"
+PRELUDE = (CANDS / "cpu" / "ext_prelude.py").read_text()
+SLOW = PRELUDE + (CANDS / "cpu" / "slow_linear.py").read_text()
+TASK = (CANDS / "tasks" / "matmul_bias.py").read_text()
+UNPRIVILEGED_UID = 1_990_000_123
+
+RUNNER = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {repo!r})
+    from opsynth.reward import RewardConfig, evaluate_many
+    spec = json.load(open(sys.argv[1]))
+    cfg = RewardConfig(device="cpu", cache_dir=spec["cache"], compile_baseline=False, static_check=False,
+                       warmup=2, repeats=5, cpu_threads=1, isolation=spec["isolation"])
+    res = evaluate_many([(spec["task"], c) for c in spec["candidates"]], cfg)
+    print(json.dumps([{{"reward": r.reward, "reason": r.reason, "log": r.log[-4000:]}} for r in res]))
+    """
+)
+
+
+def _exploit(cache: Path) -> str:
+    """The exploit that was seen: lift the cover from C++, then re-sign every baseline 1000x slower."""
+    resign = textwrap.dedent(f"""
+        try:
+            import json as _json
+            from opsynth.reward import baseline_cache as _bc
+            _key = open({str(cache)!r} + "/trust/baselines.key").read().strip().encode()
+            _p = {str(cache)!r} + "/baselines.json"
+            _d = _json.load(open(_p))
+            for _k, _v in _d.items():
+                _v["eager_ms"] *= 1000
+                _v["compile_ms"] = None if _v.get("compile_ms") is None else _v["compile_ms"] * 1000
+                _v["sig"] = _bc._sign(_key, _k, _v)
+            open(_p, "w").write(_json.dumps(_d))
+        except Exception as _e:
+            print("exploit failed:", type(_e).__name__, _e)
+    """)
+    src = door_source(cache, PKG, os.getpid(), "exploit", safe=False)
+    return src.replace("LEAKED = _door.door_init_mask() != 0", "LEAKED = False\n" + resign)
+
+
+def _tree_digest(root: Path, skip=()) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not any(s in p.parts for s in skip):
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _strays() -> list[str]:
+    return sorted(str(p) for d in (Path("/dev/shm"), Path("/tmp")) if d.is_dir() for p in d.glob("opsynth_door_*"))
+
+
+def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: int | None = None) -> list[dict]:
+    spec = tmp / f"spec_{isolation}_{len(candidates)}_{as_uid}.json"
+    spec.write_text(json.dumps({"cache": str(cache), "task": TASK, "candidates": candidates, "isolation": isolation}))
+    runner = tmp / "runner.py"
+    runner.write_text(RUNNER.format(repo=str(REPO)))
+    cmd = [sys.executable, str(runner), str(spec)]
+    env = {**os.environ, "HOME": str(tmp / "home"), "HF_TOKEN": "hf_door_secret"}
+    if as_uid is not None:
+        for p in [tmp, *tmp.rglob("*")]:
+            os.lchown(p, as_uid, as_uid)
+        cmd = [sys.executable, str(Path(__file__).parent / "as_unprivileged.py"), str(as_uid), str(tmp), "--", *cmd]
+        env["TMPDIR"] = str(tmp / "tmp")
+        (tmp / "tmp").mkdir(exist_ok=True)
+        os.lchown(tmp / "tmp", as_uid, as_uid)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _confined_session(tmp: Path, as_uid: int | None) -> dict:
+    cache = tmp / "cache"
+    (tmp / "home").mkdir(exist_ok=True)
+    first = _run(tmp, cache, [SLOW], "auto", as_uid)[0]
+    trusted_before = _tree_digest(cache, skip=("tmp",))
+    pkg_before = _tree_digest(PKG, skip=("__pycache__",))
+    strays_before = _strays()
+    door, exploit = _run(tmp, cache, [door_source(cache, PKG, os.getpid(), "confined"), _exploit(cache)], "auto", as_uid)
+    again = _run(tmp, cache, [SLOW], "auto", as_uid)[0]
+    return {
+        "first": first, "door": door, "exploit": exploit, "again": again, "masks": parse_masks(door["log"]),
+        "trusted_changed": sorted(set(_tree_digest(cache, skip=("tmp",)).items()) ^ set(trusted_before.items())),
+        "pkg_changed": sorted(set(_tree_digest(PKG, skip=("__pycache__",)).items()) ^ set(pkg_before.items())),
+        "strays": sorted(set(_strays()) - set(strays_before)),
+    }
+
+
+@pytest.fixture(scope="module")
+def as_root(tmp_path_factory):
+    if os.getuid() != 0:
+        pytest.skip("the evaluator-as-root setup needs root (CI runs as root)")
+    return _confined_session(tmp_path_factory.mktemp("doors_root"), None)
+
+
+@pytest.fixture(scope="module")
+def as_user(tmp_path_factory):
+    if os.getuid() != 0:
+        pytest.skip("making an ordinary user's evaluator needs root to switch to it")
+    probe = subprocess.run(["unshare", "-U", "-m", "--map-current-user", "true"], capture_output=True,
+                           preexec_fn=lambda: os.setresuid(UNPRIVILEGED_UID, UNPRIVILEGED_UID, UNPRIVILEGED_UID))
+    if probe.returncode != 0:
+        pytest.skip(f"unprivileged user namespaces are off here: {probe.stderr.decode()[-200:]}")
+    return _confined_session(tmp_path_factory.mktemp("doors_user"), UNPRIVILEGED_UID)
+
+
+SETUPS = ["as_root", "as_user"]
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_every_door_stays_shut_at_load_time_and_in_forward(setup, request):
+    s = request.getfixturevalue(setup)
+    assert set(s["masks"]) == {"init", "forward"}, s["door"]["log"][-2000:]
+    opened = {where: [d for d, ok in m.items() if ok] for where, m in s["masks"].items()}
+    assert opened == {"init": [], "forward": []}
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_door_candidates_are_judged_as_the_slow_programs_they_are(setup, request):
+    s = request.getfixturevalue(setup)
+    assert s["first"]["reward"] == 1, s["first"]
+    assert s["door"]["reward"] == 1, s["door"]
+    assert s["exploit"]["reward"] == 1, s["exploit"]
+    assert "exploit failed" in s["exploit"]["log"]
+    assert s["again"]["reward"] == 1, s["again"]  # the exploit did not make a slow candidate fast
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_nothing_changed_in_the_package_the_caches_or_tmp(setup, request):
+    s = request.getfixturevalue(setup)
+    assert s["pkg_changed"] == []
+    assert s["trusted_changed"] == []
+    assert s["strays"] == []
+
+
+def test_control_without_isolation_the_doors_open_and_the_exploit_scores_3(tmp_path):
+    """reward.isolation=none: the same C++ opens the doors, and the re-signing exploit works."""
+    cache = tmp_path / "cache"
+    (tmp_path / "home").mkdir()
+    first = _run(tmp_path, cache, [SLOW], "none")[0]
+    assert first["reward"] == 1, first
+    door = _run(tmp_path, cache, [door_source(cache, PKG, os.getpid(), "control", safe=True)], "none")[0]
+    masks = parse_masks(door["log"])
+    expect = {"mount_tmpfs", "mount_proc", "chroot", "signal_parent", "read_key", "write_dev_shm", "write_tmp",
+              "write_baselines", "write_package", "unshare_userns_mount"}
+    for where in ("init", "forward"):
+        assert expect <= {d for d, ok in masks[where].items() if ok}, (where, masks[where])
+    assert door["reward"] == -1  # a door that opened zeroes the output: it can never pass as correct
+    exploit = _run(tmp_path, cache, [_exploit(cache)], "none")[0]
+    assert "exploit failed" not in exploit["log"], exploit["log"][-1500:]
+    again = _run(tmp_path, cache, [SLOW], "none")[0]
+    assert again["reward"] == 3, again  # the known slow candidate now "beats" its forged baselines
+    assert _strays() == [] or all("control" not in s for s in _strays())
+
+
+def test_doors_are_listed_once():
+    assert len(set(DOORS)) == len(DOORS) == 15
