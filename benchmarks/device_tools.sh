@@ -14,3 +14,5 @@ LD_LIBRARY_PATH="$d/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 SH
 chmod +x .tools/ccache/ccache
 .tools/ccache/ccache --version | head -1
+# libseccomp (the sandbox's system-call filter), for an image that lacks it: set OPSYNTH_LIBSECCOMP.
+mkdir -p .tools/lib && cp -L /usr/lib/x86_64-linux-gnu/libseccomp.so.2 .tools/lib/libseccomp.so.2

@@ -310,6 +310,7 @@ class BuildService:
         return d if (d / f"{name}.so").is_file() and (d / "meta.json").is_file() else None
 
     def _build(self, req: dict, key: str, name: str) -> dict:
+        from opsynth.reward.eval_types import RUNNERS
         from opsynth.runtime.sandbox import run_child
 
         scratch = Path(tempfile.mkdtemp(prefix="opsynth_build_"))
@@ -327,7 +328,7 @@ class BuildService:
                 "result_path": str(scratch / "build_result.json"),
             }
             writable = [str(self.cache_dir / "ccache")] if self.ccache else []
-            res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg,
+            res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=RUNNERS,
                             writable=writable, env_extra=self.env, shared_ids=True)
             wall = time.perf_counter() - t0
             with self.stats.lock:

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+# The children's entry modules, imported once by the fork server (opsynth.runtime) before it forks.
+RUNNERS = ("opsynth.reward.guards", "opsynth.reward.candidate_runner", "opsynth.reward.reference_runner", "opsynth.reward.build_runner")
+
+
 def default_cache_dir() -> Path:
     """Where builds and baseline timings are kept between evaluations (content-addressed, so shared safely)."""
     env = os.environ.get("OPSYNTH_RL_CACHE")

@@ -100,6 +100,7 @@ def _device_env(cfg: RewardConfig, device: str) -> dict:
 
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Reference:
     from opsynth.reward import baseline_cache
+    from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
     scratch = _tmpdir("opsynth_ref_")
@@ -125,7 +126,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": _lock_path(cfg, device),
     }
-    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, env_extra=_device_env(cfg, device))
+    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS, env_extra=_device_env(cfg, device))
     if res.reason != "ok":
         return _Reference(False, "reference_" + res.reason, res.log, scratch)
     import torch
@@ -185,22 +186,24 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
 
 def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
     """Run the candidate's module top level once (compiling its extensions into the shared cache)."""
+    from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
     job = _candidate_job(spec, None, cfg, device, scratch, "build")
     job["cpu_threads"] = 1  # it only waits for builds: no torch thread pools next to the compilers
-    return run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg,
+    return run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg, warm=RUNNERS,
                      build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
 
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
     from opsynth.reward.compare import judge_outputs
+    from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     # The first run of a fresh build compiles inside this child too, so allow for it.
-    res = run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, stdin_bytes=ref.data,
+    res = run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, warm=RUNNERS, stdin_bytes=ref.data,
                     build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
     log = (build_log + "\n" + res.log).strip()
     details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}

@@ -31,15 +31,7 @@ import time
 # Imported here, before any fork, so every child starts with them loaded (no CUDA is initialised).
 # Not torch.utils.cpp_extension: importing it marks later forks unable to use CUDA (seen with torch
 # 2.11 on the H200: "Cannot re-initialize CUDA in forked subprocess"); children import it themselves.
-WARM_MODULES = (
-    "torch",
-    "torch.nn.functional",
-    "torch.profiler",
-    "opsynth.reward.guards",
-    "opsynth.reward.candidate_runner",
-    "opsynth.reward.reference_runner",
-    "opsynth.reward.build_runner",
-)
+WARM_MODULES = ("torch", "torch.nn.functional", "torch.profiler")  # and each caller's runners (`warm`)
 
 MAX_MSG = 1 << 16
 
@@ -130,11 +122,14 @@ def _forks_lose_cuda() -> bool:
     return os.waitstatus_to_exitcode(status) != 0
 
 
-def serve(name: str) -> None:  # pragma: no cover - exercised through ForkServer
+def serve(name: str, warm: tuple[str, ...] = ()) -> None:  # pragma: no cover - exercised through ForkServer
     import importlib
 
-    for m in WARM_MODULES:
+    for m in (*WARM_MODULES, *warm):
         importlib.import_module(m)
+    from opsynth.runtime import syscall_filter
+
+    syscall_filter.available()  # libseccomp loaded once here, not in every child
     threads = threading.active_count()
     if _forks_lose_cuda():
         print(json.dumps({"ready": False, "error": "an import marked forks unable to use CUDA"}), flush=True)
@@ -249,7 +244,8 @@ class Job:
 class ForkServer:
     """Client side: starts the server process (with a scrubbed environment) and runs jobs on it."""
 
-    def __init__(self, env: dict[str, str], python: str = sys.executable, start_timeout_s: float = 300.0):
+    def __init__(self, env: dict[str, str], python: str = sys.executable, start_timeout_s: float = 300.0,
+                 warm: tuple[str, ...] = ()):
         self.name = f"opsynth-forkserver-{os.getpid()}-{secrets.token_hex(8)}"
         t0 = time.perf_counter()
         # Its stderr goes to a file, not a pipe: a pipe nobody reads would fill up (warnings) and stall it.
@@ -257,7 +253,7 @@ class ForkServer:
 
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [python, "-m", "opsynth.runtime.forkserver", self.name],
+            [python, "-m", "opsynth.runtime.forkserver", self.name, ",".join(warm)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -328,4 +324,4 @@ class ForkServer:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    serve(sys.argv[1])
+    serve(sys.argv[1], tuple(m for m in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if m))

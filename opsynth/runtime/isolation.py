@@ -175,7 +175,7 @@ def enter(
     try:
         _confine_mounts(writable, hidden)
         if switch:
-            expose([*readable, *writable], writable)
+            expose([*readable, *writable], writable, ids[0])
         privileges.drop_all(*(ids if switch else (None, None)))
         if syscall_filter:
             syscall_filter_module().install()
@@ -240,7 +240,24 @@ def _blocking_ancestor(path: str) -> str | None:
     return None
 
 
-def expose(paths: list[str], writable: list[str] = ()) -> None:
+def _skeleton_dirs(top: str, rel: str) -> None:
+    """mkdir -p top/rel with every level 0755 whatever the umask (a 0700 level would block again)."""
+    cur = top
+    for part in [p for p in rel.split("/") if p and p != "."]:
+        cur = os.path.join(cur, part)
+        if not os.path.isdir(cur):
+            os.mkdir(cur)
+            os.chmod(cur, 0o755)
+
+
+def _usable_by(path: str, uid: int | None) -> bool:
+    st = os.stat(path)
+    if uid is not None and st.st_uid == uid:
+        return True
+    return bool(st.st_mode & (0o001 if os.path.isdir(path) else 0o004))
+
+
+def expose(paths: list[str], writable: list[str] = (), uid: int | None = None) -> None:
     """Let an unprivileged uid reach `paths` through folders it could not pass (root's 0700 home).
 
     Each such folder is replaced, in this mount namespace only, by a read-only skeleton that holds
@@ -250,6 +267,9 @@ def expose(paths: list[str], writable: list[str] = ()) -> None:
     """
     real = sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)}, key=len)
     writable = [os.path.realpath(w) for w in writable]
+    # A needed folder the uid could not enter anyway (a 0700 folder of root's on sys.path) is left
+    # out, so that it does not block the needed paths below it (they get skeleton folders instead).
+    real = [p for p in real if _usable_by(p, uid)]
     groups: dict[str, list[str]] = {}  # highest blocked folder -> the needed paths below it
     for p in real:
         b = _blocking_ancestor(p)
@@ -262,10 +282,8 @@ def expose(paths: list[str], writable: list[str] = ()) -> None:
             for p in groups[b]:
                 rel = os.path.relpath(p, b)
                 src, dst = f"/proc/self/fd/{fd}/{rel}", os.path.join(b, rel)
-                if os.path.isdir(src):
-                    os.makedirs(dst, 0o755, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+                _skeleton_dirs(b, os.path.dirname(rel) if not os.path.isdir(src) else rel)
+                if not os.path.isdir(src):
                     open(dst, "a").close()
                 _mount(src, dst, None, MS_BIND | MS_REC)
                 if not _inside(p, writable):

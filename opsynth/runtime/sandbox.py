@@ -31,7 +31,7 @@ LOG_LIMIT = 20_000
 
 # What a child may inherit from the trainer's environment; everything else (HF_TOKEN, cloud keys,
 # the user's shell settings) stays behind. Matched by name or prefix.
-ENV_ALLOW = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "PYTORCH_NVCC", "TRITON_PTXAS_PATH", "TORCH_NO_COMPILER_WRAPPER"}
+ENV_ALLOW = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "PYTORCH_NVCC", "TRITON_PTXAS_PATH", "TORCH_NO_COMPILER_WRAPPER", "OPSYNTH_LIBSECCOMP"}
 ENV_ALLOW_PREFIX = ("CUDA_VISIBLE", "NVIDIA_", "CUBLAS_", "CUDNN_", "NCCL_NVLS", "TORCH_SYMM", "NVSHMEM_DISABLE")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|^AWS_|^HF_|^HUGGING", re.IGNORECASE)
 
@@ -110,15 +110,16 @@ def isolation_enabled(mode: str) -> bool:
     return True
 
 
-def fork_server(env: dict):
-    """This process's fork server for an environment, started on first use and restarted if it died."""
+def fork_server(env: dict, warm: tuple[str, ...] = ()):
+    """This process's fork server for an environment and set of warm modules (the runners its
+    children run, imported once), started on first use and restarted if it died."""
     from opsynth.runtime.forkserver import ForkServer
 
-    key = tuple(sorted(env.items()))
+    key = (tuple(sorted(env.items())), tuple(warm))
     with _servers_lock:
         srv = _servers.get(key)
         if srv is None or not srv.alive():
-            srv = ForkServer(env)
+            srv = ForkServer(env, warm=tuple(warm))
             _servers[key] = srv
         return srv
 
@@ -193,12 +194,14 @@ def run_child(
     env_extra: dict | None = None,
     readable: list[str] = (),
     shared_ids: bool = False,
+    warm: tuple[str, ...] = (),
 ) -> ChildResult:
     """Run `module.run(job)` in a fresh confined child; kill its whole process group on timeout.
 
     stdin_bytes, when given, is streamed to the child's stdin (read by it when it is ready);
     `writable` adds folders it may write besides its scratch (a build child's compiler cache);
-    `readable` adds paths it must read (the extension cache). Under root each child runs as a uid
+    `readable` adds paths it must read (the extension cache); `warm` names the modules the fork
+    server imports before forking (the caller's runners: `module` is one of them). Under root each child runs as a uid
     of its own (`shared_ids`: the one build uid, for children that share a compiler cache).
     """
     scratch = Path(scratch)
@@ -213,7 +216,7 @@ def run_child(
 
     isolated = isolation_enabled(getattr(cfg, "isolation", "auto"))
     base = base_env(getattr(cfg, "tool_path", None) or [])
-    srv = fork_server(base)
+    srv = fork_server(base, tuple(warm))
     env = job_env(base, scratch, job.get("cpu_threads", getattr(cfg, "cpu_threads", None)), env_extra)
     cache_dir = cfg.resolved_cache_dir()
     ids = None

@@ -48,10 +48,30 @@ def _binding():
         import seccomp  # the official binding (Debian/Ubuntu python3-seccomp)
     except ImportError:
         try:
-            import pyseccomp as seccomp
+            seccomp = _import_pyseccomp()
         except (ImportError, RuntimeError) as e:  # RuntimeError: libseccomp.so.2 not found
             raise OSError(errno.ENOSYS, f"no libseccomp binding ({e}); install libseccomp2 and `pip install pyseccomp`") from None
     return seccomp
+
+
+def _import_pyseccomp():
+    """pyseccomp, finding libseccomp at $OPSYNTH_LIBSECCOMP when set (a copy carried to a machine
+    whose image lacks it); pyseccomp itself only asks ctypes.util.find_library."""
+    import ctypes.util
+    import os
+
+    path = os.environ.get("OPSYNTH_LIBSECCOMP")
+    if not path:
+        import pyseccomp
+
+        return pyseccomp
+    real = ctypes.util.find_library
+    ctypes.util.find_library = lambda name: path if name == "seccomp" else real(name)
+    try:
+        import pyseccomp
+    finally:
+        ctypes.util.find_library = real
+    return pyseccomp
 
 
 def available() -> tuple[bool, str]:

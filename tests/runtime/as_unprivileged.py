@@ -17,7 +17,7 @@ from opsynth.runtime import isolation  # noqa: E402
 uid, folder, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[sys.argv.index("--") + 1:]
 os.unshare(os.CLONE_NEWNS) if hasattr(os, "unshare") else isolation._unshare(isolation.CLONE_NEWNS)
 isolation._mount(None, "/", None, isolation.MS_REC | isolation.MS_PRIVATE)
-isolation.expose(isolation.readable_paths([folder]), writable=[folder])
+isolation.expose(isolation.readable_paths([folder]), writable=[folder], uid=uid)
 os.setgroups([])
 os.setresgid(uid, uid, uid)
 os.setresuid(uid, uid, uid)
