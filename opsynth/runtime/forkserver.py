@@ -95,6 +95,7 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
                 iso["writable"], iso.get("hidden", []), iso.get("must_not_write", []), iso.get("readable", []),
                 tuple(iso["ids"]) if iso.get("ids") else None, iso.get("syscall_filter", True),
             )
+            os.chdir(req["cwd"])  # again: the old working folder is the one from before its writable bind
         from opsynth.runtime.sandbox import run_job
 
         run_job(req["module"], req["job_path"], build_fd=fds.get("build"))

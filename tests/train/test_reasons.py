@@ -16,6 +16,7 @@ from opsynth.train.feedback import format_feedback
 from opsynth.train.prompts import KERNEL_BRIEF
 
 REWARD_ROOM = Path(reasons.__file__).parent
+RUNTIME_ROOM = REWARD_ROOM.parent / "runtime"  # its children's verdicts (timeout, crashed, isolation_failed) reach the reward
 REASON_CALLS = {"Reject", "rejected", "ChildResult"}  # first argument is a reason
 IDENT = set("abcdefghijklmnopqrstuvwxyz_:")
 
@@ -47,7 +48,7 @@ def reasons_in_source() -> dict[str, str]:
     `Reject(...)`, `EvalResult.rejected(...)`, `ChildResult(...)`, `_Reference(ok, reason, ...)`,
     `{"reason": ...}`, `return reason, detail` tuples, and the bare returns of check functions."""
     found: dict[str, str] = {}
-    for path in sorted(REWARD_ROOM.glob("*.py")):
+    for path in sorted([*REWARD_ROOM.glob("*.py"), *RUNTIME_ROOM.glob("*.py")]):
         if path.name == "reasons.py":
             continue
         tree = ast.parse(path.read_text())
