@@ -290,10 +290,10 @@ def _attack(flags_code: str, setup: str = "") -> str:
     return src.replace("ext = load_inline(", setup + "\next = load_inline(", 1) + "\n" + SLOW
 
 
-def _script(path: str, marker: Path) -> str:
+def _script(rel: str, marker: Path) -> str:
     """Candidate code writing an executable script (in its own scratch) that makes the marker."""
-    return (f"import os\nos.makedirs(os.path.dirname({path!r}) or '.', exist_ok=True)\n"
-            f"open({path!r}, 'w').write({MARKER_SCRIPT.format(marker=marker)!r})\nos.chmod({path!r}, 0o755)\n")
+    return (f"import os\n_p = os.path.join(os.getcwd(), {rel!r})\nos.makedirs(os.path.dirname(_p), exist_ok=True)\n"
+            f"open(_p, 'w').write({MARKER_SCRIPT.format(marker=marker)!r})\nos.chmod(_p, 0o755)\n")
 
 
 def _attacks(tmp: Path) -> dict[str, tuple[str, Path]]:
@@ -355,3 +355,15 @@ def test_the_static_check_gives_the_same_word_early():
     assert reason == "build_flag_refused:-fplugin=/tmp/p.so" and detail.startswith("line ")
     # flags computed at run time are left to the build service
     assert static_check(spec(_attacks(Path("/tmp"))["B"][0]))[0] == "ok"
+
+
+def test_ccache_reads_its_configuration_from_the_trusted_side_only(tmp_path):
+    """Build children write the ccache folder; a `ccache.conf` there (prefix_command=...) would run a
+    program in every later build. ccache is pointed at a file only this process writes."""
+    from opsynth.reward.builds import compiler_env
+
+    env = compiler_env(tmp_path, "/usr/bin/true")
+    conf = Path(env["CCACHE_CONFIGPATH"])
+    assert conf.is_file() and conf.read_text() == ""
+    assert not conf.resolve().is_relative_to(Path(env["CCACHE_DIR"]).resolve())
+    assert conf.parent == Path(env["CXX"]).parent  # beside the launcher, in the read-only part of the cache
