@@ -19,6 +19,26 @@ def _no_import(name, path, is_python_module):
     return os.path.join(path, f"{name}.so")
 
 
+def _in_upload(src_dir: str, rel: str) -> str:
+    """`rel` (a name the service checked) as a path inside this build's upload folder."""
+    p = os.path.realpath(os.path.join(src_dir, rel))
+    if os.path.commonpath([p, src_dir]) != src_dir:
+        raise ValueError(f"{rel!r} is not inside the build's own folder")
+    return p
+
+
+def _write_upload(src_dir: str, files: dict) -> list[str]:
+    """The candidate's files (sources, headers of its include folders), written into this build's folder."""
+    paths = []
+    for fname, text in sorted(files.items()):
+        p = _in_upload(src_dir, fname)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write(text)
+        paths.append(p)
+    return paths
+
+
 def run(job: dict) -> dict:
     import torch.utils.cpp_extension as ce
 
@@ -32,20 +52,17 @@ def run(job: dict) -> dict:
         args["extra_cflags"] = [f"-I{job['pch_dir']}", *([cflags] if isinstance(cflags, str) else cflags)]
     t0 = time.perf_counter()
     try:
+        # Include paths are names inside the upload (build_flags checked them): this build's folder only.
+        src_dir = os.path.realpath(os.path.join(out, "src"))
+        os.makedirs(src_dir, exist_ok=True)
+        paths = _write_upload(src_dir, req.get("files") or {})
+        inc = [_in_upload(src_dir, p) for p in (args.pop("extra_include_paths", None) or [])]
         if req["kind"] == "inline":
-            so = ce.load_inline(name=job["build_name"], build_directory=out, verbose=False, **args)
+            so = ce.load_inline(name=job["build_name"], build_directory=out, extra_include_paths=inc, verbose=False, **args)
         else:
-            src_dir = os.path.join(out, "src")
-            os.makedirs(src_dir, exist_ok=True)
-            paths = []
-            for fname, text in sorted((req.get("files") or {}).items()):
-                p = os.path.join(src_dir, os.path.basename(fname))
-                with open(p, "w") as f:
-                    f.write(text)
-                paths.append(p)
             srcs = [p for p in paths if p.endswith((".cu", ".cpp", ".cc", ".cxx"))]
-            inc = list(args.pop("extra_include_paths", None) or []) + [src_dir]
-            so = ce.load(name=job["build_name"], sources=srcs, build_directory=out, extra_include_paths=inc, verbose=False, **args)
+            so = ce.load(name=job["build_name"], sources=srcs, build_directory=out, extra_include_paths=inc + [src_dir],
+                         verbose=False, **args)
     except Exception as e:  # the compiler's own words are the candidate's feedback
         text = f"{type(e).__name__}: {e}"
         print(text[-8000:], flush=True)

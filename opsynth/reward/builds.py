@@ -13,6 +13,10 @@ sends the call's arguments (source text, flags) to this service over its build c
 3. copies the library into the cache itself, keyed by that hash (the child never writes there),
    and answers with its path; the candidate's child loads it from there, read-only.
 
+Before any of this, every request is checked against the allow-list of `build_flags` (flags,
+libraries, file names, include paths, the extension's name); a refused one never reaches a compiler,
+and the refusal decides the child's verdict (`BuildSession`), whatever the child reports.
+
 The extension is renamed to a name derived from its C++ side (`opsx_<hash>`), because torch passes
 the name to every translation unit (`-DTORCH_EXTENSION_NAME`): two candidates whose wrappers are the
 same text then compile the same command line, which ccache can share. Python code sees the module
@@ -33,13 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Arguments of torch's load_inline / load that reach the build; the rest (verbose, build_directory)
-# are the harness's business.
+# are the harness's business, and `use_pch` too: torch's own PCH is written into torch's install
+# folder, where every later build would read it (the service has its own, built by itself: `pch`).
 INLINE_ARGS = (
     "cpp_sources", "cuda_sources", "sycl_sources", "functions", "extra_cflags", "extra_cuda_cflags",
     "extra_sycl_cflags", "extra_ldflags", "extra_include_paths", "with_cuda", "with_sycl",
-    "is_python_module", "with_pytorch_error_handling", "keep_intermediates", "use_pch", "no_implicit_headers",
+    "is_python_module", "with_pytorch_error_handling", "keep_intermediates", "no_implicit_headers",
 )
 CPP_SIDE = ("cpp_sources", "functions", "extra_cflags", "extra_include_paths", "with_cuda", "is_python_module", "with_pytorch_error_handling", "no_implicit_headers")
+FLAG_LISTS = ("extra_cflags", "extra_cuda_cflags", "extra_sycl_cflags", "extra_ldflags", "extra_include_paths")
 FILE_ARGS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_include_paths", "with_cuda", "is_python_module")
 
 
@@ -52,6 +58,7 @@ class BuildStats:
     """What the service did: extension-level hits and misses, and time spent building."""
 
     requests: int = 0
+    refused: int = 0
     ext_hits: int = 0
     builds: int = 0
     build_errors: int = 0
@@ -118,6 +125,7 @@ def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
         "CXX": str(launcher),
         "TORCH_NO_COMPILER_WRAPPER": "1",
         "CCACHE_DIR": str(cache_dir / "ccache"),
+        "CCACHE_CONFIGPATH": _ccache_conf(cache_dir),
         # Paths differ per build folder: make them relative so equal sources hash equal.
         "CCACHE_BASEDIR": os.path.realpath(tempfile.gettempdir()),
         "CCACHE_NOHASHDIR": "1",
@@ -131,13 +139,28 @@ def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
     return env
 
 
+def _ccache_conf(cache_dir: Path) -> str:
+    """ccache's configuration file, written by this trusted process beside the launcher.
+
+    Build children may write the ccache folder, and ccache would otherwise read `ccache.conf` from
+    there (where `prefix_command` or `compiler` would run a program in every later build, and in
+    `ccache --print-stats` here). Our settings are in the environment; the file stays empty.
+    """
+    conf = Path(cache_dir) / "bin" / "ccache.conf"
+    if not conf.is_file():
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text("")
+    return str(conf)
+
+
 def ccache_stats(ccache: str | None, cache_dir: Path) -> dict:
     """ccache's counters for this cache (direct/preprocessed hits, misses), {} without ccache."""
     if not ccache:
         return {}
     try:
         out = subprocess.run([ccache, "--print-stats"], capture_output=True, text=True, timeout=30,
-                             env={**os.environ, "CCACHE_DIR": str(cache_dir / "ccache")}).stdout
+                             env={**os.environ, "CCACHE_DIR": str(cache_dir / "ccache"),
+                                  "CCACHE_CONFIGPATH": _ccache_conf(cache_dir)}).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     stats = {}
@@ -177,6 +200,10 @@ class BuildService:
         self.log = log or (lambda msg: None)
         self.remote = None  # a Dask client: builds then run on any worker (evaluate.remote_build)
 
+    def session(self) -> "BuildSession":
+        """A build handler for one child (`run_child(build_handler=...)`) that remembers refusals."""
+        return BuildSession(self)
+
     # -- keys -------------------------------------------------------------------------------------
 
     def _tool_key(self) -> dict:
@@ -191,15 +218,20 @@ class BuildService:
         name = str(req.get("name") or "ext")
         allowed = INLINE_ARGS if kind == "inline" else FILE_ARGS
         args = {k: v for k, v in (req.get("args") or {}).items() if k in allowed and v is not None}
+        for k in FLAG_LISTS:  # torch iterates a string flag by character; the allow-list reads it as one flag
+            if isinstance(args.get(k), str):
+                args[k] = [args[k]]
         json.dumps(args)  # raises TypeError for anything but plain data
         out = {"kind": kind, "name": name, "args": args}
-        if kind == "files":
-            files = req.get("files") or {}
-            if not isinstance(files, dict) or not files:
-                raise ValueError("load() with no source files")
-            out["files"] = {os.path.basename(str(k)): str(v) for k, v in files.items()}
-        elif kind != "inline":
+        files = req.get("files") or {}
+        if not isinstance(files, dict):
+            raise ValueError("files is not a mapping")
+        if kind == "files" and not files:
+            raise ValueError("load() with no source files")
+        if kind not in ("files", "inline"):
             raise ValueError(f"unknown build kind {kind!r}")
+        if files:  # names as sent: build_flags.check_request refuses any that is not a plain relative one
+            out["files"] = dict(files)
         return out
 
     def build_name(self, req: dict) -> str:
@@ -252,12 +284,21 @@ class BuildService:
 
     def handle(self, raw: dict) -> dict:
         """One build request from a child: {"ok", "dir", "name", "cached"} or {"ok": False, "error"}."""
+        from opsynth.reward import build_flags
+
         try:
             req = self.normalise(raw)
         except (TypeError, ValueError) as e:
             return {"ok": False, "error": f"unsupported build arguments: {e}"}
         with self.stats.lock:
             self.stats.requests += 1
+        refused = build_flags.check_request(req)  # before any key, PCH or compiler sees the arguments
+        if refused:
+            with self.stats.lock:
+                self.stats.refused += 1
+            self.log(f"[reward] build of {req['name']!r} refused: {refused}")
+            return {"ok": False, "refused": refused,
+                    "error": f"{refused}: not on the build service's allow-list of compiler arguments; nothing was compiled"}
         key = self.key(req)
         name = self.build_name(req)
         with self._locks_lock:
@@ -340,7 +381,7 @@ class BuildService:
                 detail = res.data.get("detail") or res.log
                 return {"ok": False, "error": f"{res.reason}: {detail}"[-6000:], "build_s": round(wall, 3)}
             so = Path(res.data["so"])
-            if not so.is_file() or not str(so.resolve()).startswith(str(scratch.resolve())):
+            if not so.is_file() or not so.resolve().is_relative_to(scratch.resolve()):
                 return {"ok": False, "error": "the build child reported a library outside its folder"}
             final = self._publish(key, name, lambda p: shutil.copy2(so, p),
                                   {"request_name": req["name"], "built_s": round(wall, 3), "pch": bool(pch_dir)})
@@ -348,3 +389,31 @@ class BuildService:
         finally:
             if not getattr(self.cfg, "keep_scratch", False):
                 shutil.rmtree(scratch, ignore_errors=True)
+
+
+class BuildSession:
+    """One child's build channel: answers through the service and remembers the first refusal.
+
+    A refused request decides that child's verdict (`overrule`) whatever the child reports: the
+    child is the candidate's, and it could catch the error and build something else instead.
+    """
+
+    def __init__(self, service: BuildService):
+        self.service = service
+        self.refused: str | None = None
+
+    def __call__(self, raw: dict) -> dict:
+        reply = self.service.handle(raw)
+        if reply.get("refused") and self.refused is None:
+            self.refused = str(reply["refused"])
+        return reply
+
+    def overrule(self, res):
+        """The child's result (`sandbox.ChildResult`), with the refusal as its reason when there was one."""
+        if self.refused is None:
+            return res
+        import dataclasses
+
+        detail = f"{self.refused}: refused by the build service before any compiler ran"
+        data = {**(res.data or {}), "reason": self.refused, "detail": detail}
+        return dataclasses.replace(res, reason=self.refused, data=data, log=(res.log + "\n[reward] " + detail).strip())

@@ -191,8 +191,9 @@ def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
 
     job = _candidate_job(spec, None, cfg, device, scratch, "build")
     job["cpu_threads"] = 1  # it only waits for builds: no torch thread pools next to the compilers
-    return run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg, warm=RUNNERS,
-                     build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
+    builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
+    return builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg, warm=RUNNERS,
+                                     build_handler=builds, env_extra=_device_env(cfg, device)))
 
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
@@ -203,8 +204,9 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     # The first run of a fresh build compiles inside this child too, so allow for it.
-    res = run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg, warm=RUNNERS, stdin_bytes=ref.data,
-                    build_handler=build_service(cfg, device).handle, env_extra=_device_env(cfg, device))
+    builds = build_service(cfg, device).session()
+    res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
+                                    warm=RUNNERS, stdin_bytes=ref.data, build_handler=builds, env_extra=_device_env(cfg, device)))
     log = (build_log + "\n" + res.log).strip()
     details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
     if res.reason != "ok":

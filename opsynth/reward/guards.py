@@ -240,11 +240,22 @@ class ExtensionTracker:
     build channel (`opsynth.reward.builds`), which answers with a library in the read-only extension
     cache, built from exactly that text (or found there from an earlier candidate). The returned
     module is wrapped so calls into its functions are counted while the audit is armed.
+
+    No path reaches the build service: sources and the headers of include folders travel as text,
+    read only from inside the candidate's own folder (real paths, symlinks resolved), so a build is
+    keyed by everything it reads and never reads another folder. Flags travel as written: the
+    service checks them (`build_flags`) and answers a refusal at once, before any compiler runs.
     """
 
-    def __init__(self, audit: OpAudit, build_fd: int | None):
+    # Upload limits for one build (headers of include folders): beyond them the compiler reports the
+    # missing header, as it would for a file that is not there.
+    MAX_UPLOAD_FILES = 512
+    MAX_UPLOAD_BYTES = 16 * 2**20
+
+    def __init__(self, audit: OpAudit, build_fd: int | None, root: str | None = None):
         self.audit = audit
         self.build_fd = build_fd
+        self.root = root  # the candidate's own folder (default: the working folder at install time)
         self.calls = 0
         self.build_failed: str | None = None
         self.build_s = 0.0
@@ -288,6 +299,75 @@ class ExtensionTracker:
             line += chunk
         return json.loads(line)
 
+    # -- uploads: paths never travel, files do (only from inside the candidate's own folder) ----------
+
+    def _inside(self, path) -> str | None:
+        """The real path of `path` when it lies inside the candidate's folder (symlinks resolved)."""
+        import os
+
+        if not isinstance(path, str) or not path:
+            return None
+        real = os.path.realpath(path)
+        return real if os.path.commonpath([real, self.root]) == self.root else None
+
+    def _read(self, path: str, files: dict, name: str) -> None:
+        import os
+
+        size = sum(len(t) for t in files.values())
+        if len(files) >= self.MAX_UPLOAD_FILES or size + os.path.getsize(path) > self.MAX_UPLOAD_BYTES:
+            return
+        with open(path, errors="replace") as f:
+            files[name] = f.read()
+
+    def _upload_includes(self, paths, files: dict) -> list:
+        """Include folders inside the candidate's folder travel as their headers, under `inc<k>/`,
+        and the include path becomes that relative name (the build child writes the files into its
+        own folder). Any other path is passed on as written, for the build service to refuse."""
+        import os
+
+        from opsynth.reward.build_flags import HEADER_SUFFIXES, MAX_DEPTH
+
+        paths = [paths] if isinstance(paths, str) else list(paths or [])
+        out = []
+        for k, p in enumerate(paths):
+            real = self._inside(p)
+            if real is None:
+                out.append(p)
+                continue
+            name = f"inc{k}"
+            out.append(name)
+            for dirpath, dirnames, filenames in os.walk(real):  # symlinked folders are not followed
+                rel_dir = os.path.relpath(dirpath, real)
+                if rel_dir.count(os.sep) >= MAX_DEPTH - 2:
+                    dirnames[:] = []
+                for fn in sorted(filenames):
+                    fp = os.path.join(dirpath, fn)
+                    inner = self._inside(fp)
+                    if fn.endswith(HEADER_SUFFIXES) and inner and os.path.commonpath([inner, real]) == real:
+                        self._read(inner, files, os.path.normpath(f"{name}/{rel_dir}/{fn}"))
+        return out
+
+    def _upload_sources(self, srcs: list, files: dict) -> None:
+        """load()'s sources and the headers beside them, by file name; a source outside the
+        candidate's folder travels as its path, which the build service refuses."""
+        import os
+
+        from opsynth.reward.build_flags import HEADER_SUFFIXES
+
+        dirs = []
+        for p in srcs:
+            real = self._inside(p)
+            if real is None or not os.path.isfile(real):
+                files[str(p)] = ""
+                continue
+            self._read(real, files, os.path.basename(p))
+            dirs.append(os.path.dirname(real))
+        for d in dict.fromkeys(dirs):  # headers beside the sources travel too (a workspace's kernels/*.cuh)
+            for fn in sorted(os.listdir(d)):
+                fp = os.path.join(d, fn)
+                if fn.endswith(HEADER_SUFFIXES) and fn not in files and self._inside(fp) and os.path.isfile(fp):
+                    self._read(os.path.realpath(fp), files, fn)
+
     def _build(self, req: dict, is_python_module: bool):
         import time
 
@@ -313,6 +393,8 @@ class ExtensionTracker:
         orig_inline, orig_load = ce.load_inline, ce.load
         sig_inline, sig_load = inspect.signature(orig_inline), inspect.signature(orig_load)
         tracker = self
+        if self.root is None:  # before any candidate code runs, the working folder is its own
+            self.root = os.path.realpath(os.getcwd())
 
         def _plain(bound) -> dict:
             args = dict(bound.arguments)
@@ -329,7 +411,11 @@ class ExtensionTracker:
             a = _plain(bound)
             name = a.pop("name")
             is_py = a.get("is_python_module", True)
-            mod = tracker._build({"kind": "inline", "name": name, "args": a}, is_py)
+            req = {"kind": "inline", "name": name, "args": a}
+            if a.get("extra_include_paths"):
+                req["files"] = {}
+                a["extra_include_paths"] = tracker._upload_includes(a["extra_include_paths"], req["files"])
+            mod = tracker._build(req, is_py)
             return tracker._wrap_module(mod)
 
         @functools.wraps(orig_load)
@@ -339,16 +425,10 @@ class ExtensionTracker:
             name = a.pop("name")
             sources = a.pop("sources")
             srcs = [sources] if isinstance(sources, str) else list(sources)
-            files = {}
-            for p in srcs:
-                with open(p) as f:
-                    files[os.path.basename(p)] = f.read()
-            # headers beside the sources travel too (a workspace's kernels/*.cuh)
-            for d in {os.path.dirname(os.path.abspath(p)) for p in srcs}:
-                for fn in os.listdir(d):
-                    if fn.endswith((".h", ".hpp", ".cuh")) and fn not in files:
-                        with open(os.path.join(d, fn)) as f:
-                            files[fn] = f.read()
+            files: dict = {}
+            tracker._upload_sources(srcs, files)
+            if a.get("extra_include_paths"):
+                a["extra_include_paths"] = tracker._upload_includes(a["extra_include_paths"], files)
             is_py = a.get("is_python_module", True)
             mod = tracker._build({"kind": "files", "name": name, "files": files, "args": a}, is_py)
             return tracker._wrap_module(mod)

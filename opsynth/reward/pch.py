@@ -117,6 +117,10 @@ def _locate(root, extra_cflags, with_cuda: bool, say):
     # Include paths do not affect whether gcc accepts a PCH, and they differ per candidate (scratch
     # dirs): leave them out, or every candidate would get a PCH of its own.
     extra_cflags = _without_include_paths([str(f).strip() for f in (extra_cflags or [])])
+    from opsynth.reward.build_flags import check_host_flags
+
+    if check_host_flags(extra_cflags):  # this runs the compiler unconfined: allow-listed flags only
+        return None
     try:
         comp = _compiler()
         if comp is None:

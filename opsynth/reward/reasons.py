@@ -50,6 +50,12 @@ RULES: dict[str, str] = {
     "any_size": "Handle any input size, not only the sizes in `get_inputs()`: outputs are checked again with a different batch size.",
     "match": "Outputs must match `Model` within atol = rtol = 1e-2: the same number of outputs, shapes, dtypes and device, "
              "computed at full precision (not in a lower one).",
+    "build_flags": "Compiler arguments are allow-listed: optimisation levels (-O0..-O3, -Ofast), -std=, -D/-U macros, -g, -w, "
+                   "-W warnings, -march/-mtune, -fopenmp, -ffast-math, -funroll-loops, -fPIC; for nvcc also -arch/-gencode, "
+                   "--use_fast_math, -lineinfo, --maxrregcount, -Xptxas -v/-O3/--maxrregcount=N, --expt-relaxed-constexpr, "
+                   "--expt-extended-lambda, -Xcompiler with an allowed host flag; link flags only -l with cublas, cublasLt, "
+                   "cudart, curand, cufft, cusparse, m, gomp or pthread; include paths and `load` sources only inside your "
+                   "own folder; the extension name a plain identifier. Anything else is refused before compiling.",
     "time_limit": "Builds and runs have time limits; a program that exceeds one scores -1.",
     "reward": "Reward: -1 if incorrect or rejected; 1 if correct; 2 if more than 5% faster than eager PyTorch; 3 if also more "
               "than 5% faster than torch.compile.",
@@ -81,6 +87,7 @@ REASONS: dict[str, Reason] = {
     "runtime_error": Reason("build", "builds", "`forward` raised an exception"),
     "crashed": Reason("build", "builds", "the process running the program crashed"),
     "timeout": Reason("build", "time_limit", "the program did not finish within its time limit"),
+    "build_flag_refused:": Reason("build", "build_flags", "the build asked for a compiler argument, library or path outside the allow-list; nothing was compiled"),
     "isolation_failed": Reason("build", "builds", "the sandbox around the program could not be set up (an environment fault, not the program's)"),
     "kernel_not_launched": Reason("anti_hacking", "own_kernels", "`forward` never called the program's own compiled code"),
     # correctness

@@ -107,6 +107,28 @@ def _runtime_functions(tree):
             yield n
 
 
+def _literal_build_args(tree) -> tuple[str | None, str]:
+    """An early word on literal compiler flags and names of load_inline / load calls: the build
+    service refuses the same ones (opsynth.reward.build_flags, the authority) before compiling."""
+    from opsynth.reward.build_flags import check_request
+
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Call) and (_dotted(n.func) or "").split(".")[-1] in ("load_inline", "load")):
+            continue
+        args = {}
+        for kw in n.keywords:
+            if kw.arg in ("name", "extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_sycl_cflags"):
+                try:
+                    args[kw.arg] = ast.literal_eval(kw.value)
+                except (ValueError, SyntaxError, TypeError):
+                    continue
+        name = args.pop("name", "ext")
+        reason = check_request({"kind": "inline", "name": name if isinstance(name, str) else "ext", "args": args})
+        if reason:
+            return reason, f"line {n.lineno}: {reason}"
+    return None, ""
+
+
 def static_check(spec: CandidateSpec, enabled: bool = True) -> tuple[str, str]:
     """('ok', '') or (reason, detail)."""
     if not enabled:
@@ -185,6 +207,9 @@ def static_check(spec: CandidateSpec, enabled: bool = True) -> tuple[str, str]:
                 reason = _check_call(fn) if fn else None
                 if reason:
                     return reason, f"line {n.lineno}: {fn} in {f.name}"
+    reason, detail = _literal_build_args(tree)
+    if reason:
+        return reason, detail
     # A try around building the extension usually hides a fallback for when the build fails.
     for n in tree.body:
         if isinstance(n, ast.Try) and any(
