@@ -163,10 +163,10 @@ class ModelNew(nn.Module):
 '''
 
 
-def door_source(cache: Path, pkg: Path, target_pid: int, tag: str, safe: bool = False) -> str:
+def door_source(cache: Path, pkg: Path, target_pid: int, tag: str, safe: bool = False, prelude: str = PRELUDE) -> str:
     cpp = (_CPP.replace("@CACHE@", str(cache)).replace("@PKG@", str(pkg)).replace("@TAG@", tag)
            .replace("@TARGET@", str(int(target_pid))).replace("@SAFE@", "true" if safe else "false"))
-    return PRELUDE + f"\n_DOOR_CPP = r'''{cpp}'''\n" + textwrap.dedent(_PY).replace("@TAG@", tag)
+    return prelude + f"\n_DOOR_CPP = r'''{cpp}'''\n" + textwrap.dedent(_PY).replace("@TAG@", tag)
 
 
 def parse_masks(log: str) -> dict[str, dict[str, bool]]:

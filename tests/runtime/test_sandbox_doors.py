@@ -39,6 +39,9 @@ PRELUDE = (CANDS / "cpu" / "ext_prelude.py").read_text()
 SLOW = PRELUDE + (CANDS / "cpu" / "slow_linear.py").read_text()
 TASK = (CANDS / "tasks" / "matmul_bias.py").read_text()
 UNPRIVILEGED_UID = 1_990_000_123
+GPU_PRELUDE = (CANDS / "cuda" / "ext_prelude.py").read_text()
+GPU_SLOW = GPU_PRELUDE + (CANDS / "cuda" / "slow_linear.py").read_text()
+GPU_TASK = (CANDS / "tasks" / "matmul_bias_gpu.py").read_text()
 
 RUNNER = textwrap.dedent(
     """
@@ -46,7 +49,7 @@ RUNNER = textwrap.dedent(
     sys.path.insert(0, {repo!r})
     from opsynth.reward import RewardConfig, evaluate_many
     spec = json.load(open(sys.argv[1]))
-    cfg = RewardConfig(device="cpu", cache_dir=spec["cache"], compile_baseline=False, static_check=False,
+    cfg = RewardConfig(device=spec["device"], cache_dir=spec["cache"], compile_baseline=False, static_check=False,
                        warmup=2, repeats=5, cpu_threads=1, isolation=spec["isolation"])
     res = evaluate_many([(spec["task"], c) for c in spec["candidates"]], cfg)
     print(json.dumps([{{"reward": r.reward, "reason": r.reason, "log": r.log[-4000:]}} for r in res]))
@@ -54,7 +57,7 @@ RUNNER = textwrap.dedent(
 )
 
 
-def _exploit(cache: Path) -> str:
+def _exploit(cache: Path, prelude: str = PRELUDE) -> str:
     """The exploit that was seen: lift the cover from C++, then re-sign every baseline 1000x slower."""
     resign = textwrap.dedent(f"""
         try:
@@ -71,7 +74,7 @@ def _exploit(cache: Path) -> str:
         except Exception as _e:
             print("exploit failed:", type(_e).__name__, _e)
     """)
-    src = door_source(cache, PKG, os.getpid(), "exploit", safe=False)
+    src = door_source(cache, PKG, os.getpid(), "exploit", safe=False, prelude=prelude)
     return src.replace("LEAKED = _door.door_init_mask() != 0", "LEAKED = False\n" + resign)
 
 
@@ -87,9 +90,10 @@ def _strays() -> list[str]:
     return sorted(str(p) for d in (Path("/dev/shm"), Path("/tmp")) if d.is_dir() for p in d.glob("opsynth_door_*"))
 
 
-def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: int | None = None) -> list[dict]:
+def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: int | None = None, device: str = "cpu") -> list[dict]:
     spec = tmp / f"spec_{isolation}_{len(candidates)}_{as_uid}.json"
-    spec.write_text(json.dumps({"cache": str(cache), "task": TASK, "candidates": candidates, "isolation": isolation}))
+    task = TASK if device == "cpu" else GPU_TASK
+    spec.write_text(json.dumps({"cache": str(cache), "task": task, "candidates": candidates, "isolation": isolation, "device": device}))
     runner = tmp / "runner.py"
     runner.write_text(RUNNER.format(repo=str(REPO)))
     cmd = [sys.executable, str(runner), str(spec)]
@@ -106,15 +110,17 @@ def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _confined_session(tmp: Path, as_uid: int | None) -> dict:
+def _confined_session(tmp: Path, as_uid: int | None, device: str = "cpu") -> dict:
     cache = tmp / "cache"
     (tmp / "home").mkdir(exist_ok=True)
-    first = _run(tmp, cache, [SLOW], "auto", as_uid)[0]
+    slow, prelude = (SLOW, PRELUDE) if device == "cpu" else (GPU_SLOW, GPU_PRELUDE)
+    first = _run(tmp, cache, [slow], "auto", as_uid, device)[0]
     trusted_before = _tree_digest(cache, skip=("tmp",))
     pkg_before = _tree_digest(PKG, skip=("__pycache__",))
     strays_before = _strays()
-    door, exploit = _run(tmp, cache, [door_source(cache, PKG, os.getpid(), "confined"), _exploit(cache)], "auto", as_uid)
-    again = _run(tmp, cache, [SLOW], "auto", as_uid)[0]
+    door, exploit = _run(tmp, cache, [door_source(cache, PKG, os.getpid(), "confined", prelude=prelude), _exploit(cache, prelude)],
+                         "auto", as_uid, device)
+    again = _run(tmp, cache, [slow], "auto", as_uid, device)[0]
     return {
         "first": first, "door": door, "exploit": exploit, "again": again, "masks": parse_masks(door["log"]),
         "trusted_changed": sorted(set(_tree_digest(cache, skip=("tmp",)).items()) ^ set(trusted_before.items())),
@@ -141,7 +147,18 @@ def as_user(tmp_path_factory):
     return _confined_session(tmp_path_factory.mktemp("doors_user"), UNPRIVILEGED_UID)
 
 
-SETUPS = ["as_root", "as_user"]
+@pytest.fixture(scope="module")
+def cuda_as_root(tmp_path_factory):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if os.getuid() != 0:
+        pytest.skip("the evaluator-as-root setup needs root")
+    return _confined_session(tmp_path_factory.mktemp("doors_cuda"), None, "cuda")
+
+
+SETUPS = ["as_root", "as_user", pytest.param("cuda_as_root", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("setup", SETUPS)
