@@ -370,7 +370,8 @@ class BuildService:
             }
             writable = [str(self.cache_dir / "ccache")] if self.ccache else []
             res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=RUNNERS,
-                            writable=writable, env_extra=self.env, shared_ids=True)
+                            writable=writable, env_extra=self.env, shared_ids=True,
+                            readable=[pch_dir] if pch_dir else [])
             wall = time.perf_counter() - t0
             with self.stats.lock:
                 self.stats.builds += 1

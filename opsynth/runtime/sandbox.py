@@ -235,7 +235,7 @@ def run_child(
             "writable": [str(scratch), *map(str, writable)],
             "hidden": [str(cache_dir / "trust")] if (cache_dir / "trust").is_dir() else [],
             "must_not_write": [str(cache_dir), str(REPO_ROOT), str(Path(sys.prefix))],
-            "readable": isolation.readable_paths([str(cache_dir), *map(str, readable)]),
+            "readable": isolation.readable_paths([str(cache_dir / "ext"), str(cache_dir / "bin"), *map(str, readable)]),
             "ids": ids,
             "syscall_filter": getattr(cfg, "syscall_filter", True),
         },

@@ -103,6 +103,7 @@ def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: 
             os.lchown(p, as_uid, as_uid)
         cmd = [sys.executable, str(Path(__file__).parent / "as_unprivileged.py"), str(as_uid), str(tmp), "--", *cmd]
         env["TMPDIR"] = str(tmp / "tmp")
+        env.pop("OPSYNTH_RL_PCH_DIR", None)  # the suite's shared PCH folder is root's: this user builds its own
         (tmp / "tmp").mkdir(exist_ok=True)
         os.lchown(tmp / "tmp", as_uid, as_uid)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
