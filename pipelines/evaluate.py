@@ -112,7 +112,14 @@ def _fields() -> dict:
     return {"reward": RewardConfig}
 
 
-@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None},
+
+def _isolation_unavailable():
+    from opsynth.runtime.sandbox import IsolationUnavailable  # the refusal is one line, exit 2
+
+    return IsolationUnavailable
+
+
+@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None}, usage_errors=(_isolation_unavailable(),),
            interrupted=lambda cfg: "interrupted: nothing is kept from an unfinished evaluation")
 def main(cfg: DictConfig) -> None:
     run(cfg)

@@ -61,7 +61,14 @@ def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-@cli.entry("train", fields=settings, interrupted=interrupted)
+
+def _isolation_unavailable():
+    from opsynth.runtime.sandbox import IsolationUnavailable  # the refusal is one line, exit 2
+
+    return IsolationUnavailable
+
+
+@cli.entry("train", fields=settings, interrupted=interrupted, usage_errors=(_isolation_unavailable(),))
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

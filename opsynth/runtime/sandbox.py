@@ -36,6 +36,10 @@ ENV_ALLOW_PREFIX = ("CUDA_VISIBLE", "NVIDIA_", "CUBLAS_", "CUDNN_", "NCCL_NVLS",
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|_KEY$|^AWS_|^HF_|^HUGGING", re.IGNORECASE)
 
 
+class IsolationUnavailable(RuntimeError):
+    """Children cannot be confined here (no namespaces, no libseccomp): the evaluator does not start."""
+
+
 @dataclass
 class ChildResult:
     reason: str  # "ok", "timeout", "crashed", "isolation_failed", or the child's own named reason
@@ -103,8 +107,8 @@ def isolation_enabled(mode: str) -> bool:
             _isolation_checked["probe"] = isolation.probe()
     ok, why = _isolation_checked["probe"]
     if not ok:
-        raise RuntimeError(
-            f"cannot sandbox candidate children here ({why}); Linux mount/user namespaces are needed "
+        raise IsolationUnavailable(
+            f"cannot sandbox candidate children here ({why}); Linux mount/user namespaces and libseccomp are needed "
             "(see README 'Reward isolation'); set reward.isolation=none to run unconfined"
         )
     return True

@@ -49,7 +49,7 @@ def _binding():
     except ImportError:
         try:
             seccomp = _import_pyseccomp()
-        except (ImportError, RuntimeError) as e:  # RuntimeError: libseccomp.so.2 not found
+        except (ImportError, RuntimeError, OSError) as e:  # libseccomp.so.2 not found or not loadable
             raise OSError(errno.ENOSYS, f"no libseccomp binding ({e}); install libseccomp2 and `pip install pyseccomp`") from None
     return seccomp
 

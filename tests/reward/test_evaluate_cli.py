@@ -56,3 +56,16 @@ def test_a_candidate_without_code_is_a_result_not_an_error(tmp_path):
 
 def test_a_misspelled_reward_setting_suggests_the_right_one():
     _one_line_error(_run(f"task={CHAIN}", f"candidate={CHAIN}", "reward.isolaton=none"), "isolaton", "isolation")
+
+
+def test_an_evaluator_that_cannot_confine_children_refuses_in_one_line(tmp_path):
+    """No libseccomp here (pointed at a missing library): one line naming it, exit 2, nothing evaluated;
+    reward.isolation=none is the stated way out."""
+    import os
+
+    fast = REPO / "tests" / "reward" / "candidates" / "cpu" / "fast.py"
+    env = {**os.environ, "OPSYNTH_LIBSECCOMP": str(tmp_path / "no-libseccomp.so.2"), "OPSYNTH_RL_CACHE": str(tmp_path / "c")}
+    p = subprocess.run([sys.executable, "-m", "pipelines.evaluate", f"task={CHAIN}", f"candidate={fast}", "reward.device=cpu"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    _one_line_error(p, "cannot sandbox", "libseccomp", "reward.isolation=none")
+    assert not (tmp_path / "c" / "ext").exists() or not any((tmp_path / "c" / "ext").iterdir())
