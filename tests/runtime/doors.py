@@ -157,7 +157,8 @@ class ModelNew(nn.Module):
         global LEAKED
         self.calls += 1
         if self.calls <= 2:
-            LEAKED = LEAKED or _door.door_forward() != 0
+            opened = _door.door_forward() != 0
+            LEAKED = LEAKED or opened
         out = ext.linear_relu(x, self.linear.weight, self.linear.bias)
         return out * 0 if LEAKED else out
 '''

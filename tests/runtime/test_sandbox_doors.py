@@ -12,7 +12,7 @@ Every door stays shut (its bit is 0 at load time and in forward), the door candi
 slow correct program it is (reward 1), a known slow candidate evaluated afterwards still gets 1, and
 nothing changed in the package, the cache, the compiler cache, /dev/shm or /tmp. The control run with
 `reward.isolation=none` shows the doors open and the exploit working (a slow candidate then scores
-3), so these tests can fail.
+above 1), so these tests can fail.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ RUNNER = textwrap.dedent(
     from opsynth.reward import RewardConfig, evaluate_many
     spec = json.load(open(sys.argv[1]))
     cfg = RewardConfig(device=spec["device"], cache_dir=spec["cache"], compile_baseline=False, static_check=False,
-                       warmup=2, repeats=5, cpu_threads=1, isolation=spec["isolation"])
+                       warmup=2, repeats=5, cpu_threads=1, isolation=spec["isolation"], shared_pch=spec["shared_pch"])
     res = evaluate_many([(spec["task"], c) for c in spec["candidates"]], cfg)
     print(json.dumps([{{"reward": r.reward, "reason": r.reason, "log": r.log[-4000:]}} for r in res]))
     """
@@ -93,7 +93,8 @@ def _strays() -> list[str]:
 def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: int | None = None, device: str = "cpu") -> list[dict]:
     spec = tmp / f"spec_{isolation}_{len(candidates)}_{as_uid}.json"
     task = TASK if device == "cpu" else GPU_TASK
-    spec.write_text(json.dumps({"cache": str(cache), "task": task, "candidates": candidates, "isolation": isolation, "device": device}))
+    spec.write_text(json.dumps({"cache": str(cache), "task": task, "candidates": candidates, "isolation": isolation, "device": device,
+                                "shared_pch": as_uid is None}))
     runner = tmp / "runner.py"
     runner.write_text(RUNNER.format(repo=str(REPO)))
     cmd = [sys.executable, str(runner), str(spec)]
@@ -103,7 +104,7 @@ def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: 
             os.lchown(p, as_uid, as_uid)
         cmd = [sys.executable, str(Path(__file__).parent / "as_unprivileged.py"), str(as_uid), str(tmp), "--", *cmd]
         env["TMPDIR"] = str(tmp / "tmp")
-        env.pop("OPSYNTH_RL_PCH_DIR", None)  # the suite's shared PCH folder is root's: this user builds its own
+        env.pop("OPSYNTH_RL_PCH_DIR", None)  # the suite's shared PCH folder is root's (and this user skips the PCH)
         (tmp / "tmp").mkdir(exist_ok=True)
         os.lchown(tmp / "tmp", as_uid, as_uid)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
@@ -188,7 +189,7 @@ def test_nothing_changed_in_the_package_the_caches_or_tmp(setup, request):
     assert s["strays"] == []
 
 
-def test_control_without_isolation_the_doors_open_and_the_exploit_scores_3(tmp_path):
+def test_control_without_isolation_the_doors_open_and_the_exploit_pays(tmp_path):
     """reward.isolation=none: the same C++ opens the doors, and the re-signing exploit works."""
     cache = tmp_path / "cache"
     (tmp_path / "home").mkdir()
@@ -204,7 +205,9 @@ def test_control_without_isolation_the_doors_open_and_the_exploit_scores_3(tmp_p
     exploit = _run(tmp_path, cache, [_exploit(cache)], "none")[0]
     assert "exploit failed" not in exploit["log"], exploit["log"][-1500:]
     again = _run(tmp_path, cache, [SLOW], "none")[0]
-    assert again["reward"] == 3, again  # the known slow candidate now "beats" its forged baselines
+    # The known slow candidate now "beats" its forged baselines: 2 here, where the CPU runs time no
+    # compiled baseline (3 on the H200, as reported).
+    assert again["reward"] == 2, again
     assert _strays() == [] or all("control" not in s for s in _strays())
 
 
