@@ -170,3 +170,50 @@ def test_auto_confines_what_the_sampler_did_not_generate():
     assert WorkerPool(auto).sandboxed and not WorkerPool(auto, sampled=True).sandboxed
     with pytest.raises(ValueError, match="verify.sandbox must be one of auto, true, false"):
         VerifyConfig(sandbox="yes")
+
+
+_AS_USER = r'''
+import json, os, sys
+sys.path[:0] = [{tests!r}, {repo!r}]
+import attacks
+from test_verify_pool import GOOD
+from opsynth.verify import VerifyConfig, WorkerPool
+
+os.environ["HF_TOKEN"] = {token!r}
+with WorkerPool(VerifyConfig(**{cfg!r}, sandbox="true")) as pool:
+    results = pool.verify_many([GOOD, attacks.python_task({pkg!r}, {port}, "user", "forward")])
+    out = json.load(open(os.path.join(pool._box.scratch(0), "attack-user-forward.json")))
+print(json.dumps({{"uid": os.getuid(), "reasons": [r.reason for r in results], "attempts": out}}))
+'''
+
+
+@pytest.mark.slow
+def test_as_an_ordinary_user_every_attempt_fails_too(listener, tmp_path):
+    """An ordinary user's pool: the worker keeps its uid inside a user namespace of its own."""
+    import subprocess
+
+    uid = 1_990_000_124
+    if os.getuid() != 0:
+        pytest.skip("making an ordinary user's pool needs root to switch to it")
+    probe = subprocess.run(["unshare", "-U", "-m", "--map-current-user", "true"], capture_output=True,
+                           preexec_fn=lambda: os.setresuid(uid, uid, uid))
+    if probe.returncode != 0:
+        pytest.skip(f"unprivileged user namespaces are off here: {probe.stderr.decode()[-200:]}")
+    port, got = listener
+    got.clear()
+    here = Path(__file__).resolve().parent
+    script = tmp_path / "as_user.py"
+    script.write_text(_AS_USER.format(tests=str(here), repo=str(here.parents[1]), token=TOKEN, cfg=CFG, pkg=PKG,
+                                      port=port))
+    (tmp_path / "tmp").mkdir()
+    for p in (tmp_path, tmp_path / "tmp", script):
+        os.lchown(p, uid, uid)
+    env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path / "tmp")}
+    run = subprocess.run([sys.executable, str(here.parents[1] / "tests" / "runtime" / "as_unprivileged.py"), str(uid),
+                          str(tmp_path), "--", sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["uid"] == uid and out["reasons"] == ["accepted", "accepted"]
+    assert set(out["attempts"]) == set(attacks.ATTEMPTS) and all(v != "ok" for v in out["attempts"].values()), out
+    assert got == [] and glob.glob(f"{PKG}/_attack_user_*") == []
