@@ -74,7 +74,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def run_pool(cfg: VerifyConfig, tasks: list[tuple[str, str]], deadline_s: float | None) -> tuple[list, float, float, WorkerPool]:
     t0 = time.time()
-    pool = WorkerPool(cfg).start()
+    pool = WorkerPool(cfg, sampled=True).start()  # freshly sampled graphs: verify.sandbox=auto leaves them unconfined
     startup = time.time() - t0
     print(f"pool: {pool.n_workers} warm workers on {pool.device_name} (torch {pool.torch_version}) "
           f"in {startup:.1f} s", flush=True)
@@ -112,7 +112,7 @@ def run_baseline(cfg: VerifyConfig, tasks: list[tuple[str, str]], jobs: int) -> 
     one = dataclasses.replace(cfg, n_workers=1)
 
     def verify_fresh(src: str):
-        with WorkerPool(one) as p:
+        with WorkerPool(one, sampled=True) as p:
             return p.verify(src)
 
     t = time.time()

@@ -174,7 +174,8 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 vcfg.cuda_devices = [gpu]
             if not vcfg.n_workers:
                 vcfg.n_workers = _worker_threads()
-            _CTX.update(pool=WorkerPool(vcfg).start(), pool_key=key(verify_cfg), gpu=gpu, verify_cfg=vcfg)
+            # Every source here is a graph the sampler generated: `verify.sandbox=auto` runs it unconfined.
+            _CTX.update(pool=WorkerPool(vcfg, sampled=True).start(), pool_key=key(verify_cfg), gpu=gpu, verify_cfg=vcfg)
             if not _CTX.get("atexit"):
                 import atexit
 

@@ -126,6 +126,8 @@ def _forks_lose_cuda() -> bool:
 def serve(name: str, warm: tuple[str, ...] = ()) -> None:  # pragma: no cover - exercised through ForkServer
     import importlib
 
+    from opsynth.runtime.supervise import kill_group
+
     for m in (*WARM_MODULES, *warm):
         importlib.import_module(m)
     from opsynth.runtime import syscall_filter
@@ -168,10 +170,7 @@ def serve(name: str, warm: tuple[str, ...] = ()) -> None:  # pragma: no cover - 
 
     def shutdown(*_a) -> None:
         for pid in list(by_pid):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            kill_group(pid)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, shutdown)
@@ -214,10 +213,7 @@ def serve(name: str, warm: tuple[str, ...] = ()) -> None:  # pragma: no cover - 
                     conn.close()
                     if pid is not None:
                         by_pid.pop(pid, None)
-                        try:
-                            os.killpg(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
+                        kill_group(pid)
                         try:
                             os.waitpid(pid, 0)
                         except ChildProcessError:

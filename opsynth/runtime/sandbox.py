@@ -16,7 +16,6 @@ import os
 import re
 import resource
 import secrets
-import signal
 import socket
 import sys
 import threading
@@ -25,6 +24,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from opsynth.runtime.supervise import kill_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_LIMIT = 20_000
@@ -271,10 +272,7 @@ def run_child(
     rc = srv.wait(child, timeout_s)
     timed_out = rc is None
     if timed_out:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_group(child.pid)
         rc = srv.wait(child, 30)
     child.close()
     feeder.join(timeout=5)

@@ -4,6 +4,8 @@
     python -m opsynth.verify tasks/*.py --set timeout_s=60 --set max_calib_steps=3
 
 ``--set key=value`` sets any VerifyConfig field (value parsed as JSON when it parses, else a string).
+The files are the user's, not the sampler's: with ``sandbox=auto`` (the default) every worker runs
+confined (``--set sandbox=false`` to run them unconfined).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 
+SANDBOX_MODES = ("auto", "true", "false")
+
+
 @dataclass(frozen=True)
 class DeviceLimits:
     """The band and memory numbers that apply on one device kind."""
@@ -87,6 +90,16 @@ class VerifyConfig:
     serialize_timing: bool = True
     lock_dir: str | None = None
 
+    # Confine every worker with the runtime's sandbox (opsynth.runtime.isolation) before any task
+    # code runs: it writes only its own scratch folder and the pool's compile caches, sees no network
+    # and no other process, holds no capability, and starts from an environment without secrets.
+    # "auto" (the default) turns it on for tasks that do not come from the sampler (a user's task
+    # files, an LLM's compositions: code nobody here reviewed) and off for graphs the sampler
+    # generated (our own code, where it would only cost a cold compile cache per pool);
+    # "true" / "false": on / off whatever the source. A pool that must confine and cannot refuses
+    # to start, saying why.
+    sandbox: str | bool = "auto"  # a bool (YAML's `true`) is read as "true" / "false"
+
     # Acceptance: the measured eager median must lie inside the band by a margin on each side,
     # [min_ms * (1 + edge_margin_low), max_ms * (1 - edge_margin)] (1.2 to 90 ms for the 1 to 100 ms
     # band), so that an independent re-measurement still finds the row inside the band it promises.
@@ -131,6 +144,11 @@ class VerifyConfig:
     cpu_cost_kernel_us: float = 1.8
 
     def __post_init__(self) -> None:
+        if isinstance(self.sandbox, bool):  # YAML and Hydra read `sandbox: true` as a bool
+            self.sandbox = "true" if self.sandbox else "false"
+        if str(self.sandbox).lower() not in SANDBOX_MODES:
+            raise ValueError(f"verify.sandbox must be one of {', '.join(SANDBOX_MODES)}, got {self.sandbox!r}")
+        self.sandbox = str(self.sandbox).lower()
         for name in ("edge_margin", "edge_margin_low"):
             if not 0 <= getattr(self, name) < 0.5:
                 raise ValueError(f"verify.{name} must be in [0, 0.5), got {getattr(self, name)}")
@@ -146,6 +164,10 @@ class VerifyConfig:
                  or getattr(self, "cpu_" + k) <= 0]
         if rates or self.cost_kernel_us < 0 or self.cpu_cost_kernel_us < 0:
             raise ValueError(f"verify cost-model rates must be > 0 (kernel_us >= 0); check {rates or 'kernel_us'}")
+
+    def sandboxed(self, sampled: bool) -> bool:
+        """Whether workers are confined, for sources the sampler generated (`sampled`) or not."""
+        return self.sandbox == "true" or (self.sandbox == "auto" and not sampled)
 
     def limits(self, device: str) -> DeviceLimits:
         """The band and memory limits for ``device`` ("cpu" or "cuda")."""

@@ -19,10 +19,15 @@ repeated in the worker and the median decides), accepted when the eager median i
 ``cfg.accept_window`` (the band less its edge margin), then one compile request checks
 torch.compile. Sizes are the caller's (the generate pipeline picks them with the cost model); only
 with ``calibrate=true`` is the eager request repeated while ``batch_size`` is rescaled from timings.
+
+With ``verify.sandbox`` on (by default for sources the sampler did not generate: ``sampled=False``)
+each worker confines itself before it runs anything (``confine.py``): it writes only its scratch
+folder and the pool's compile caches, has no network and no secrets in its environment.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -35,6 +40,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
+
+from opsynth.runtime import supervise
 
 from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
@@ -73,22 +80,13 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 class WorkerProcess:
     """One worker subprocess: its pipes, its output tail, and request/response with a deadline."""
 
-    def __init__(self, cfg: VerifyConfig, device: str, env: dict[str, str], cwd: str, host_limit_bytes: int):
+    def __init__(self, cfg: VerifyConfig, device: str, env: dict[str, str], cwd: str, host_limit_bytes: int,
+                 sandbox: dict[str, Any] | None = None):
         self.cfg = cfg
+        self.confined = sandbox is not None
         self.device = device
         self.host_limit_bytes = host_limit_bytes
         self.tasks_done = 0
@@ -99,6 +97,8 @@ class WorkerProcess:
         self._resp_r, resp_w = os.pipe()
         cmd = [sys.executable, "-m", "opsynth.verify.worker", "--req-fd", str(req_r), "--resp-fd", str(resp_w),
                "--config", _config_json(cfg, device)]
+        if sandbox is not None:
+            cmd += ["--sandbox", json.dumps(sandbox)]
         self.proc = subprocess.Popen(
             cmd, pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True,
@@ -138,11 +138,15 @@ class WorkerProcess:
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
         if self.ready is None:
-            msg = self._wait(timeout, watch_memory=False)
+            try:
+                msg = self._wait(timeout, watch_memory=False)
+            except WorkerGone as gone:
+                raise RuntimeError(f"verifier worker failed to start: {gone} "
+                                   f"(exit code {gone.evidence.get('exit_code')}): {gone.evidence.get('output_tail', '')[-1500:]}") from None
             if msg.get("event") != "ready":
                 raise RuntimeError(f"verifier worker failed to start: {msg.get('error', msg)}")
             self.ready = msg
-            self._base_rss = _rss_bytes(self.proc.pid)
+            self._base_rss = supervise.tree_rss_bytes(self.proc.pid)
         return self.ready
 
     def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -195,7 +199,7 @@ class WorkerProcess:
                 raise self._gone("worker_error", "importing the compiler stack took longer than startup_timeout_s")
             if watch_memory and now >= next_mem:
                 next_mem = now + 0.25
-                rss = _rss_bytes(self.proc.pid)
+                rss = supervise.tree_rss_bytes(self.proc.pid)  # confined: the work is the pid's child
                 if rss - self._base_rss > self.host_limit_bytes:
                     self.kill()
                     raise self._gone("oom", f"host memory grew by {(rss - self._base_rss) / 2**30:.1f} GB, "
@@ -203,21 +207,19 @@ class WorkerProcess:
 
     def _gone(self, reason: str, message: str, **evidence: Any) -> WorkerGone:
         code = self.proc.poll()
-        if code is not None and code < 0:
+        sig = supervise.exit_signal(code, self.confined)
+        if sig is not None:
             try:
-                evidence["signal"] = signal.Signals(-code).name
+                evidence["signal"] = signal.Signals(sig).name
             except ValueError:
-                evidence["signal"] = -code
+                evidence["signal"] = sig
         evidence["exit_code"] = code
         evidence["output_tail"] = self.output_tail()
         return WorkerGone(reason, message, **evidence)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and anything it spawned (cc)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
+            supervise.kill_group(self.proc.pid)  # the worker, confined or not, and anything it spawned (cc)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -244,8 +246,6 @@ class WorkerProcess:
 
 
 def _config_json(cfg: VerifyConfig, device: str) -> str:
-    import json
-
     d = cfg.to_dict()
     d["device"] = device
     return json.dumps(d)
@@ -254,8 +254,11 @@ def _config_json(cfg: VerifyConfig, device: str) -> str:
 class WorkerPool:
     """Warm workers that verify tasks; see the module docstring."""
 
-    def __init__(self, cfg: VerifyConfig | None = None):
+    def __init__(self, cfg: VerifyConfig | None = None, sampled: bool = False):
+        """`sampled`: the sources are graphs the sampler generated (our own code), which
+        `verify.sandbox=auto` runs unconfined; anything else (a user's files) is confined."""
         self.cfg = cfg or VerifyConfig()
+        self.sandboxed = self.cfg.sandboxed(sampled)
         self.device = detect_device(self.cfg.device)
         n = self.cfg.n_workers or (usable_cpus() if self.device == "cpu" else 8)
         self.n_workers = max(1, n)
@@ -266,12 +269,13 @@ class WorkerPool:
         self._idle: queue.Queue[int] = queue.Queue()
         self._executor: ThreadPoolExecutor | None = None
         self._tmp: str | None = None
+        self._box = None  # confine.Box when sandboxed
         self._closed = True
         self.restarts = 0
 
     # --- lifecycle ------------------------------------------------------------------------------
     def _env(self, index: int) -> dict[str, str]:
-        env = dict(os.environ)
+        env = self._box.env(index) if self._box is not None else dict(os.environ)
         pkg_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # parallelism comes from the workers
@@ -288,12 +292,35 @@ class WorkerPool:
     def _spawn(self, index: int) -> WorkerProcess:
         host_gb = self.limits.mem_limit_gb if self.device == "cpu" else self.cfg.cuda_host_mem_limit_gb
         assert self._tmp is not None
-        return WorkerProcess(self.cfg, self.device, self._env(index), self._tmp, int(host_gb * 2**30))
+        env, cfg, request = self._env(index), self.cfg, None
+        if self._box is not None:
+            cfg, readable = self._lock_for(env)
+            request = self._box.request(index, readable)
+        return WorkerProcess(cfg, self.device, env, self._tmp, int(host_gb * 2**30), request)
+
+    def _lock_for(self, env: dict[str, str]) -> tuple[VerifyConfig, list[str]]:
+        """A confined worker's config and the lock file it must reach. Its TMPDIR is its scratch,
+        so the pool names the lock folder, and creates the file: the worker sees that folder
+        read-only and locks the file opened for reading (flock needs no write access)."""
+        import dataclasses
+
+        from .timing import device_lock_path
+
+        if not self.cfg.serialize_timing:
+            return self.cfg, []
+        lock_dir = self.cfg.lock_dir or tempfile.gettempdir()
+        path = device_lock_path(self.device, 0, lock_dir, env)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+        return dataclasses.replace(self.cfg, lock_dir=lock_dir), [path]
 
     def start(self) -> "WorkerPool":
         if not self._closed:
             return self
         self._tmp = tempfile.mkdtemp(prefix="opsynth-verify-")
+        if self.sandboxed:
+            from .confine import Box
+
+            self._box = Box.prepare(self._tmp, self.n_workers)
         self._slots = [self._spawn(i) for i in range(self.n_workers)]  # all start importing at once
         try:
             for w in self._slots:
@@ -326,6 +353,7 @@ class WorkerPool:
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+            self._box = None
 
     def __enter__(self) -> "WorkerPool":
         return self.start()

@@ -31,10 +31,11 @@ def lock_path(device_key: str, lock_dir: str | None = None) -> str:
     return os.path.join(base, f"opsynth-verify-timing-{device_key}.lock")
 
 
-def gpu_key(index: int = 0) -> str:
+def gpu_key(index: int = 0, env: dict[str, str] | None = None) -> str:
     """The physical GPU behind visible CUDA device ``index``: its entry in ``CUDA_VISIBLE_DEVICES``
-    (an index or a UUID) when that is set, else the index itself. Read without initialising CUDA."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    (an index or a UUID) when that is set, else the index itself. Read without initialising CUDA,
+    from ``env`` (another process's environment) or this process's."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip():
         entries = [e.strip() for e in visible.split(",") if e.strip()]
         if 0 <= index < len(entries):
@@ -42,11 +43,12 @@ def gpu_key(index: int = 0) -> str:
     return str(index)
 
 
-def device_lock_path(device: str, index: int = 0, lock_dir: str | None = None) -> str:
+def device_lock_path(device: str, index: int = 0, lock_dir: str | None = None,
+                     env: dict[str, str] | None = None) -> str:
     """The one lock file of a device, shared by the verifier and the reward environment: one per
     physical GPU (two GPUs never share a lock, whatever each process's CUDA_VISIBLE_DEVICES), one for
-    the CPU."""
-    key = "cpu" if device == "cpu" else f"cuda{gpu_key(index)}"
+    the CPU. ``env``: the environment of the process that will lock it, when not this one."""
+    key = "cpu" if device == "cpu" else f"cuda{gpu_key(index, env)}"
     return lock_path(key, lock_dir)
 
 

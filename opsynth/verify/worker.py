@@ -66,12 +66,17 @@ def _freeze_survivors() -> None:
     gc.freeze()
 
 
-def _watch_parent() -> None:
-    """Exit when the parent goes away, even if task code is spinning in the main thread."""
+def _watch_parent(req_fd: int) -> None:
+    """Exit when the parent goes away, even if task code is spinning in the main thread: it is
+    reparented, or the request pipe's other end closed (all a confined worker can see: it is PID 1
+    of its own namespace and its parent, outside it, reads as pid 0)."""
+    import select
+
     parent = os.getppid()
+    hangup = select.poll()
+    hangup.register(req_fd, 0)  # no events asked: only POLLHUP / POLLERR / POLLNVAL come back
     while True:
-        time.sleep(1.0)
-        if os.getppid() != parent:
+        if hangup.poll(1000) or os.getppid() != parent:
             os._exit(3)
 
 
@@ -380,9 +385,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--req-fd", type=int, required=True)
     ap.add_argument("--resp-fd", type=int, required=True)
     ap.add_argument("--config", required=True, help="VerifyConfig as JSON")
+    ap.add_argument("--sandbox", help="the pool's sandbox request (JSON, confine.Box.request): confine first")
     args = ap.parse_args(argv)
+    if args.sandbox:  # before any thread, torch or task code
+        try:
+            from .confine import enter
+
+            enter(json.loads(args.sandbox))
+        except BaseException as exc:  # noqa: BLE001 - reported to the pool, which refuses to go on
+            protocol.send(args.resp_fd, {"event": "failed", "error": (
+                f"sandbox_failed: cannot confine the worker here ({type(exc).__name__}: {exc}); "
+                "set verify.sandbox=false to run workers unconfined")})
+            return 1
     faulthandler.enable()  # a segfault leaves a Python traceback in the output tail
-    threading.Thread(target=_watch_parent, daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(args.req_fd,), daemon=True).start()
     cfg = VerifyConfig.from_dict(json.loads(args.config))
     try:
         worker = Worker(cfg, args.resp_fd)

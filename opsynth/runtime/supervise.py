@@ -1,0 +1,56 @@
+"""Supervision of an untrusted process from the trusted side: kill its whole group, measure its
+memory, read how it ended. Shared by the verifier's pool and the reward's children.
+
+Why the process tree: a confined process (`isolation.enter`) is the waiting outer process whose only
+child does the work (PID 1 of its own PID namespace), and tasks spawn compilers; the pid the
+supervisor started holds little of the memory by itself. psutil reads the tree the same way on
+every Linux.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group `pid` leads (it was started in a new session), or the process itself
+    when the group is gone or not ours; what it spawned, confined or not, dies with it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` and all its descendants (0 when it is gone)."""
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass  # ended between the listing and the read
+    return total
+
+
+def exit_signal(returncode: int | None, confined: bool) -> int | None:
+    """The signal that ended a process, from its return code: negative for a process we started
+    directly; 128 + n for a confined one, whose waiting outer process exits with that code when the
+    inner one is killed by signal n (`isolation.enter`)."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    if confined and 128 < returncode < 128 + signal.NSIG:
+        return returncode - 128
+    return None
