@@ -44,6 +44,15 @@ def _check_task(task: str, path: Path) -> None:
         raise UsageError(f"task={path}: not a KernelBench-format task (missing {', '.join(missing)})")
 
 
+def _is_task_failure(reason: str) -> bool:
+    """The environment could not run the task (kind "environment" in the reasons table), as opposed
+    to a verdict on the candidate, which is a reward of -1 and not the caller's error."""
+    from opsynth.reward.reasons import lookup
+
+    entry = lookup(reason)[1]
+    return entry is not None and entry.kind == "environment"
+
+
 def _reward(cfg: Any) -> dict:
     from opsynth.reward.eval_types import RewardConfig
     from opsynth.reward.evaluate import RewardSetupError, evaluate
@@ -61,7 +70,7 @@ def _reward(cfg: Any) -> dict:
         result = evaluate(task, cand_path, rcfg, progress=None if quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
     except RewardSetupError as e:
         raise UsageError(str(e)) from None
-    if result.reason.startswith("reference_"):  # the task itself failed to run: the caller's problem
+    if _is_task_failure(result.reason):  # the task itself failed to run: the caller's problem
         first = [ln for ln in result.log.strip().splitlines() if ln.strip()][-1:] or [result.reason]
         raise UsageError(f"task={task_path}: the task does not run ({result.reason}): {first[0][:300]}")
     if cfg.get("show_log"):

@@ -127,7 +127,8 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
     }
     res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, env_extra=_device_env(cfg, device))
     if res.reason != "ok":
-        return _Reference(False, "reference_" + res.reason, res.log, scratch)
+        # the task's own failure: named task_* (task_timeout, task_error), never a program's reason
+        return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
     import torch
 
     out_path = Path(job["ref_outputs_path"])

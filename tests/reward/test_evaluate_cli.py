@@ -56,3 +56,17 @@ def test_a_candidate_without_code_is_a_result_not_an_error(tmp_path):
 
 def test_a_misspelled_reward_setting_suggests_the_right_one():
     _one_line_error(_run(f"task={CHAIN}", f"candidate={CHAIN}", "reward.isolaton=none"), "isolaton", "isolation")
+
+
+def test_a_candidates_try_except_fallback_is_its_verdict_not_the_tasks_failure(tmp_path):
+    """`fallback` is a verdict on the program (reward -1, exit 0); only the task's own failures
+    (task_*) are the caller's error. (Its reason used to be `reference_fallback`, which the command
+    took for "the task does not run".)"""
+    c = tmp_path / "fallback.py"
+    c.write_text((REPO / "tests" / "reward" / "candidates" / "cpu" / "ext_prelude.py").read_text() + "\n"
+                 + (REPO / "tests" / "reward" / "candidates" / "cpu" / "fallback.py").read_text())
+    p = _run(f"task={CHAIN}", f"candidate={c}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "error:" not in p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["reward"] == -1 and out["reason"] == "fallback", out

@@ -58,7 +58,7 @@ STATIC_EXPECT = {
     "wrong": "ok",
     "functional": "forbidden_op:F.relu",
     "torch_compute": "forbidden_op:torch.abs",
-    "fallback": "reference_fallback",
+    "fallback": "fallback",
     "subclass_model": "uses_model",
     "thread": "side_stream",
     "timer_patch": "timer_patched",

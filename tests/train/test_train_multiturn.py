@@ -102,7 +102,7 @@ def test_timed_feedback_gives_the_timings_the_kernels_and_the_target():
 def test_no_code_and_environment_failures_are_worded_for_what_they_are():
     text = format_feedback(_result("no_code"))
     assert RULES["format"] in text
-    text = format_feedback(_result("reference_timeout", log="[sandbox] killed after 600 s"))
+    text = format_feedback(_result("task_timeout", log="[sandbox] killed after 600 s"))
     assert "not your program's" in text and "killed after 600 s" in text
 
 
