@@ -57,6 +57,10 @@ class RewardConfig:
     device_index: int | None = None  # which visible GPU (None: LOCAL_RANK under accelerate, else 0)
     remote_builds: bool = False  # evaluate_many with a Dask client: send builds to any worker
 
+    def quoted_settings(self) -> dict:
+        """What `details["settings"]` of a verdict holds (SETTINGS_QUOTED)."""
+        return {k: getattr(self, k) for k in SETTINGS_QUOTED}
+
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
@@ -118,6 +122,11 @@ class RewardConfig:
         from opsynth.config import build
 
         return build(cls, d, "reward")
+
+
+# The settings a verdict depends on, recorded with every result (`details["settings"]`) so that the
+# feedback a policy reads quotes the input sets, tolerance and margin it was judged with.
+SETTINGS_QUOTED = ("num_trials", "atol", "rtol", "margin")
 
 
 @dataclass

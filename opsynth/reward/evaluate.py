@@ -299,7 +299,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
         else:
             specs[i] = spec
     if not specs:
-        return [r for r in results]  # type: ignore[misc]
+        return _with_settings([r for r in results], cfg)  # type: ignore[misc]
     try:
         from opsynth.reward.sandbox import isolation_enabled
 
@@ -392,7 +392,15 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
         for f in ref_futs.values():
             if f.done() and f.exception() is None:
                 _cleanup(f.result().scratch, cfg)
-    return [r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device) for r in results]
+    return _with_settings([r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device)
+                           for r in results], cfg)
+
+
+def _with_settings(results: list[EvalResult], cfg: RewardConfig) -> list[EvalResult]:
+    """Record the settings each verdict was reached with (the feedback turn quotes them)."""
+    for r in results:
+        r.details.setdefault("settings", cfg.quoted_settings())
+    return results
 
 
 class RewardSetupError(RuntimeError):

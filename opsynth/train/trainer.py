@@ -20,7 +20,7 @@ from typing import Any, Callable
 from opsynth.train.data import select_tasks
 from opsynth.train.episodes import EpisodeConfig
 from opsynth.train.policy import PolicyConfig, load_policy
-from opsynth.train.prompts import KERNEL_BRIEF, prompt_record
+from opsynth.train.prompts import kernel_brief, prompt_record
 
 # GRPOConfig values we set unless the trainer config says otherwise. Asymmetric clipping
 # (0.2 / 0.28) follows CUDA-Agent (and DAPO's clip-higher); logging every step keeps the curve.
@@ -189,6 +189,7 @@ def train(
         hub_split=settings.hub_split,
     )
     os.makedirs(settings.output_dir, exist_ok=True)
+    brief = kernel_brief(reward_env_config(settings).quoted_settings())  # the tolerance the reward applies
     if model_and_tokenizer is not None:
         model, tokenizer = model_and_tokenizer
         chat = False
@@ -210,10 +211,10 @@ def train(
         # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.
         with PartialState().main_process_first():
             model, tokenizer, chat = load_policy(
-                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows],
+                settings.policy, settings.output_dir, corpus=[brief] + [r["code"] for r in rows],
                 warm_start_examples=examples,
             )
-    records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat) for r in rows]
+    records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat, brief) for r in rows]
     dataset = Dataset.from_list(records)
     tasks = {prompt_key(rec["prompt"]): row for rec, row in zip(records, rows)}
 
