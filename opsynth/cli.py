@@ -62,6 +62,16 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def logs_to_stderr() -> None:
+    """Send log lines that Hydra's console handler writes to stdout to stderr instead: stdout is
+    for a command's result (generate's JSON summary, evaluate's JSON), so `cmd > out.json` works."""
+    for logger in (logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
+                                          if isinstance(lg, logging.Logger))):
+        for h in logger.handlers:
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:
+                h.setStream(sys.stderr)
+
+
 # --- what a command accepts -------------------------------------------------------------------
 
 def dataclass_keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
@@ -261,6 +271,7 @@ def entry(config_name: str, *, fields: Fields = None, required: Mapping[str, str
     def decorate(task: Callable[[Any], Any]) -> Callable[..., Any]:
         @functools.wraps(task)  # Hydra names the job (and its log file) after the wrapped function's module
         def guarded(cfg):
+            logs_to_stderr()
             quiet_libraries()
             try:
                 return task(cfg)

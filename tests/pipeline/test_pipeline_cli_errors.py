@@ -114,7 +114,8 @@ def test_a_first_run_prints_only_what_the_user_needs_and_a_rerun_writes_nothing(
 
     again = run_generate(generate_cmd(out, "n_tasks=2", *FAST), env, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert "nothing to generate" in again.stdout + again.stderr  # Hydra's console log is stdout
+    assert "nothing to generate" in again.stderr  # log lines go to stderr, stdout is the summary alone
+    assert json.loads(again.stdout)["accepted"] == 2
     assert "wrote" not in again.stdout + again.stderr
 
     # Sampled transformers modules built standalone (seed 4: OPTAttention without layer_idx, then
