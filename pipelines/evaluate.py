@@ -84,19 +84,26 @@ MODES = {"reward": _reward}
 
 
 # --- mode=score (training stage, opsynth.train.score) -------------------------------------------
-# python -m pipelines.evaluate mode=score +shards=DIR [+split=heldout] (+candidates=DIR | +policy=PATH)
-#     [+heldout_fraction=0.1] [+limit=N] [+out=DIR] [reward.device=...]
+# python -m pipelines.evaluate mode=score shards=DIR policy=PATH [split=heldout] [turns=3] [out=DIR]
+#     (or candidates=DIR; the keys live under score.: score.shards=..., conf/evaluate.yaml)
 # Prints the KernelBench-style table, then (as every mode) one JSON object: the summary.
-def _score(cfg: Any) -> dict:
-    from opsynth.reward.eval_types import RewardConfig
-    from opsynth.train.score import score
+SCORE_ALIASES = {k: f"score.{k}" for k in ("shards", "split", "policy", "candidates", "heldout_fraction", "limit",
+                                           "turns", "samples_per_task", "max_new_tokens", "temperature", "out")}
 
-    return score(
-        str(cfg["shards"]), split=cfg.get("split", "heldout"), candidates=cfg.get("candidates"),
-        policy=cfg.get("policy"), heldout_fraction=float(cfg.get("heldout_fraction", 0.1)),
-        limit=cfg.get("limit"), out=cfg.get("out"), eval_cfg=RewardConfig.from_dict(dict(cfg.get("reward") or {})),
-        samples_per_task=int(cfg.get("samples_per_task", 1)), max_new_tokens=int(cfg.get("max_new_tokens", 1024)),
-    )
+
+def _score(cfg: Any) -> dict:
+    from opsynth.config import build
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.score import ScoreSettings, run_settings
+
+    # plain dicts (tests, scripts) may give the score keys at the top level, as the command line does
+    values = {**dict(cfg.get("score") or {}), **{k: cfg[k] for k in SCORE_ALIASES if k in cfg}}
+    try:
+        settings = build(ScoreSettings, values, "score")
+        eval_cfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
+        return run_settings(settings, eval_cfg=eval_cfg)
+    except (ValueError, OSError) as e:  # TrainDataError included: shards that give no tasks, a bad setting
+        raise UsageError(str(e).splitlines()[0] if str(e).strip() else type(e).__name__) from None
 
 
 MODES["score"] = _score
@@ -117,11 +124,12 @@ def run(cfg: Any) -> dict:
 
 def _fields() -> dict:
     from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.score import ScoreSettings
 
-    return {"reward": RewardConfig}
+    return {"reward": RewardConfig, "score": ScoreSettings}
 
 
-@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None},
+@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None}, aliases=SCORE_ALIASES,
            interrupted=lambda cfg: "interrupted: nothing is kept from an unfinished evaluation")
 def main(cfg: DictConfig) -> None:
     run(cfg)

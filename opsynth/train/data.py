@@ -99,13 +99,20 @@ def heldout_fraction_of(task_id: str, salt: str = "opsynth-split") -> float:
 def split_rows(
     rows: Iterable[dict[str, Any]], split: str, heldout_fraction: float = 0.1, salt: str = "opsynth-split"
 ) -> list[dict[str, Any]]:
-    """Rows of one split: `heldout` holds the tasks whose hash falls below `heldout_fraction`."""
+    """Rows of one split: `heldout` holds the tasks whose hash falls below `heldout_fraction`.
+
+    A folder so small that no task's hash falls below the fraction (8 tasks at 0.1, say) holds out
+    its lowest-hash task instead, so that scoring on `heldout` has a task and `train` still never
+    sees one that `heldout` holds (both sides decide from the same rows)."""
     if split not in SPLITS:
         raise TrainDataError(f"unknown split {split!r}; expected one of {SPLITS}")
     rows = list(rows)
     if split == "all":
         return rows
-    held = [heldout_fraction_of(r["task_id"], salt) < heldout_fraction for r in rows]
+    position = [heldout_fraction_of(r["task_id"], salt) for r in rows]
+    held = [x < heldout_fraction for x in position]
+    if heldout_fraction > 0 and len(rows) >= 2 and not any(held):
+        held[position.index(min(position))] = True
     want_held = split == "heldout"
     return [r for r, h in zip(rows, held) if h == want_held]
 
