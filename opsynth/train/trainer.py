@@ -42,7 +42,8 @@ class TrainSettings:
     """Everything one training run needs, as plain values (Hydra's conf/train.yaml maps onto it)."""
 
     shards: str
-    output_dir: str = "outputs/train"
+    # Not under outputs/train/, where Hydra writes every train command's log folder.
+    output_dir: str = "runs/train"
     hub_split: str = "train"
     split: str = "train"
     heldout_fraction: float = 0.1
@@ -140,6 +141,25 @@ def reward_cluster_evaluator(settings: TrainSettings):
     return lambda pairs, cfg: evaluate_many(pairs, cfg, client=handle.client)
 
 
+class OutputDirInUse(ValueError):
+    """output_dir holds an earlier run and `resume` is off: a new run would mix its checkpoints and
+    metrics with that one's (and rotate its checkpoints away)."""
+
+
+RUN_MARKS = ("metrics.jsonl", "summary.json", "final")  # besides checkpoint-*: what a training run leaves
+
+
+def check_output_dir(settings: TrainSettings) -> None:
+    """Refuse to start a fresh run in a folder that holds an earlier one (one line, no model loaded)."""
+    if settings.resume or not os.path.isdir(settings.output_dir):
+        return
+    found = sorted(n for n in os.listdir(settings.output_dir) if n.startswith("checkpoint-") or n in RUN_MARKS)
+    if found:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise OutputDirInUse(f"output_dir={settings.output_dir} holds an earlier training run ({shown}); resume=true "
+                             "continues it, or give another output_dir")
+
+
 def resume_checkpoint(settings: TrainSettings) -> str | None:
     """The checkpoint to resume from: an explicit path, or the newest one under the output dir."""
     if not settings.resume:
@@ -188,6 +208,7 @@ def train(
         curriculum=settings.curriculum, max_num_ops=settings.max_num_ops, limit=settings.limit_tasks,
         hub_split=settings.hub_split,
     )
+    check_output_dir(settings)
     os.makedirs(settings.output_dir, exist_ok=True)
     brief = kernel_brief(reward_env_config(settings).quoted_settings())  # the tolerance the reward applies
     if model_and_tokenizer is not None:

@@ -308,3 +308,57 @@ def test_every_verdict_records_the_settings_it_was_reached_with():
     (res,) = evaluate_many([("x = 1\n", "no code here")], cfg)
     assert res.reason == "no_code"
     assert res.details["settings"] == {"num_trials": 3, "atol": 5e-2, "rtol": 2e-2, "margin": 0.9}
+
+
+# ---- the build cache's key ---------------------------------------------------------------------
+
+def _workspace_request(folder: Path, monkeypatch) -> dict:
+    """The build request a workspace candidate's child sends (the runner's own load path, with the
+    trusted side replaced by a recorder)."""
+    import shutil
+    import sys
+
+    import torch.utils.cpp_extension as ce
+
+    from opsynth.reward import candidate_runner, guards
+
+    monkeypatch.setattr(ce, "load", ce.load)  # restored after the test: install() patches both
+    monkeypatch.setattr(ce, "load_inline", ce.load_inline)
+    ws = folder / "scratch"
+    shutil.copytree(CANDS / "cpu_workspace", ws)
+    sent = []
+
+    class Recorder(guards.ExtensionTracker):
+        def _build(self, req, is_python_module):
+            sent.append(req)
+            raise RuntimeError("recorded")
+
+    tracker = Recorder(guards.OpAudit(), None)
+    tracker.install()
+    path = list(sys.path)
+    try:
+        with pytest.raises(candidate_runner.Reject):
+            candidate_runner._load_candidate({"candidate_path": str(ws / "model_new.py"), "workspace": True}, tracker)
+    finally:
+        sys.path[:] = path
+    (req,) = sent
+    return req
+
+
+def test_a_workspace_candidate_gets_the_same_build_key_from_any_scratch_folder(tmp_path, monkeypatch):
+    """Its kernels/ folder is an include path, under a fresh scratch folder on every evaluation: the
+    key must follow the files' text, not that path, or the same workspace is rebuilt every run."""
+    from opsynth.reward.builds import BuildService
+
+    svc = BuildService(RewardConfig(device="cpu", cache_dir=str(tmp_path / "cache"), ccache="false"), "cpu")
+    first = _workspace_request(tmp_path / "a", monkeypatch)
+    second = _workspace_request(tmp_path / "b", monkeypatch)
+    assert first["args"]["extra_include_paths"] != second["args"]["extra_include_paths"]  # two scratch folders
+    key = lambda req: svc.key(BuildService.normalise(req))  # noqa: E731
+    assert key(first) == key(second)
+    # control: other text is another key, and so is an include folder holding a header that did not travel
+    changed = dict(second, files={**second["files"], "chain.cpp": second["files"]["chain.cpp"] + "\n// edit\n"})
+    assert key(changed) != key(second)
+    extra = Path(second["args"]["extra_include_paths"][0])
+    (extra / "secret.h").write_text("#define X 1\n")
+    assert key(second) != key(first)
