@@ -95,14 +95,19 @@ class GenerateConfig:
         self.sampler.validate()
         self.cluster.validate()
         self.verify.check_compile_backend()
+        _check_output_dir(Path(self.output_dir), self.write_card)
+
+    def check_machine(self) -> None:
+        """What this machine must have for these settings (validate() checks the settings alone):
+        verify=cuda on a local cluster needs a GPU, or the local workers start and fail candidate
+        after candidate. (On Slurm or a scheduler the workers have their own devices.)"""
         if self.verify.device == "cuda" and self.cluster.kind in ("local", "local_cuda"):
             from opsynth.cluster import visible_gpus
 
-            if visible_gpus() == 0:  # the local workers would start and fail one candidate after another
+            if visible_gpus() == 0:
                 raise ValueError("verify=cuda, but this machine has no GPU that torch can see "
                                  "(torch.cuda.device_count() is 0); use verify=auto or verify=cpu here, or a "
                                  "cluster whose workers have GPUs (cluster=slurm_gpu, cluster=scheduler)")
-        _check_output_dir(Path(self.output_dir), self.write_card)
 
 
 def _check_output_dir(out: Path, write_card: bool) -> None:
@@ -581,6 +586,7 @@ def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None
     from opsynth.shards import RunProgress, RunStats, ShardWriter
 
     cfg.validate()
+    cfg.check_machine()
     out = Path(cfg.output_dir)
     if cfg.kb_check:  # fail fast, on the driver, before anything is written, when the reference is missing
         from opsynth.dedup import load_kernelbench

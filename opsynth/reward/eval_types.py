@@ -88,6 +88,17 @@ class RewardConfig:
         except Exception:
             return "cpu"
 
+    def check_device(self) -> None:
+        """ValueError when `device=cuda` cannot work here (no GPU torch can see): every candidate's
+        child would crash, one by one, and the reward would read -1 `crashed` for all of them."""
+        if self.device != "cuda":
+            return
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("reward.device=cuda, but this machine has no GPU that torch can see "
+                             "(torch.cuda.is_available() is False); use reward.device=cpu or auto")
+
     def resolved_build_workers(self, device: str) -> int:
         if self.build_workers:
             return self.build_workers

@@ -300,12 +300,10 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
             specs[i] = spec
     if not specs:
         return _with_settings([r for r in results], cfg)  # type: ignore[misc]
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():  # else every candidate's child would crash, one by one
-            raise RewardSetupError("reward.device=cuda, but this machine has no GPU that torch can see "
-                                   "(torch.cuda.is_available() is False); use reward.device=cpu or auto")
+    try:
+        cfg.check_device()
+    except ValueError as e:
+        raise RewardSetupError(str(e)) from None
     try:
         from opsynth.reward.sandbox import isolation_enabled
 

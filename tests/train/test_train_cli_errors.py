@@ -21,6 +21,8 @@ CASES = {
     "unknown_trainer_key": (["shards={tmp}", "++trainer.group_size=8"], ["invalid configuration",
                                                                          "GRPOConfig has no field(s) ['group_size']"]),
     "bad_episode_reward": (["shards={tmp}", "episode_reward=mean"], ["invalid configuration", "episode_reward"]),
+    # (CUDA_VISIBLE_DEVICES is emptied for this case: no GPU, also on a GPU machine)
+    "reward_on_cuda_without_a_gpu": (["shards={tmp}", "++reward_env.device=cuda"], ["reward.device=cuda", "no GPU"]),
 }
 
 
@@ -33,7 +35,8 @@ def results(tmp_path_factory):
         tmp = root / name
         tmp.mkdir()
         args = [o.format(tmp=tmp) for o in overrides] + [f"output_dir={tmp}/out", f"hydra.run.dir={tmp}/hydra"]
-        procs[name] = (subprocess.Popen([sys.executable, "-m", "pipelines.train", *args], cwd=REPO, env=env,
+        case_env = {**env, "CUDA_VISIBLE_DEVICES": ""} if name == "reward_on_cuda_without_a_gpu" else env
+        procs[name] = (subprocess.Popen([sys.executable, "-m", "pipelines.train", *args], cwd=REPO, env=case_env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), tmp)
     done = {}
     for name, (proc, tmp) in procs.items():
