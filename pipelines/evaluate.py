@@ -94,16 +94,25 @@ SCORE_ALIASES = {k: f"score.{k}" for k in ("shards", "split", "policy", "candida
 def _score(cfg: Any) -> dict:
     from opsynth.config import build
     from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.data import TrainDataError
     from opsynth.train.score import ScoreSettings, run_settings
 
     # plain dicts (tests, scripts) may give the score keys at the top level, as the command line does
     values = {**dict(cfg.get("score") or {}), **{k: cfg[k] for k in SCORE_ALIASES if k in cfg}}
     try:
         settings = build(ScoreSettings, values, "score")
+        settings.check()
         eval_cfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
+    except ValueError as e:  # a bad setting
+        raise UsageError(str(e)) from None
+    try:
         return run_settings(settings, eval_cfg=eval_cfg)
-    except (ValueError, OSError) as e:  # TrainDataError included: shards that give no tasks, a bad setting
-        raise UsageError(str(e).splitlines()[0] if str(e).strip() else type(e).__name__) from None
+    except (TrainDataError, OSError) as e:  # shards that give no tasks, a policy that does not load
+        raise UsageError(_first_line(e)) from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 MODES["score"] = _score

@@ -99,20 +99,13 @@ def heldout_fraction_of(task_id: str, salt: str = "opsynth-split") -> float:
 def split_rows(
     rows: Iterable[dict[str, Any]], split: str, heldout_fraction: float = 0.1, salt: str = "opsynth-split"
 ) -> list[dict[str, Any]]:
-    """Rows of one split: `heldout` holds the tasks whose hash falls below `heldout_fraction`.
-
-    A folder so small that no task's hash falls below the fraction (8 tasks at 0.1, say) holds out
-    its lowest-hash task instead, so that scoring on `heldout` has a task and `train` still never
-    sees one that `heldout` holds (both sides decide from the same rows)."""
+    """Rows of one split: `heldout` holds the tasks whose hash falls below `heldout_fraction`."""
     if split not in SPLITS:
         raise TrainDataError(f"unknown split {split!r}; expected one of {SPLITS}")
     rows = list(rows)
     if split == "all":
         return rows
-    position = [heldout_fraction_of(r["task_id"], salt) for r in rows]
-    held = [x < heldout_fraction for x in position]
-    if heldout_fraction > 0 and len(rows) >= 2 and not any(held):
-        held[position.index(min(position))] = True
+    held = [heldout_fraction_of(r["task_id"], salt) < heldout_fraction for r in rows]
     want_held = split == "heldout"
     return [r for r, h in zip(rows, held) if h == want_held]
 
@@ -138,7 +131,13 @@ def select_tasks(
     hub_split: str = "train",
 ) -> list[dict[str, Any]]:
     """The rows one run trains or scores on: load, split, optionally order by difficulty, cap."""
-    rows = split_rows(load_rows(source, hub_split=hub_split), split, heldout_fraction)
+    every = load_rows(source, hub_split=hub_split)
+    rows = split_rows(every, split, heldout_fraction)
+    if not rows and split == "heldout" and every:  # a small folder: say why, and what to do
+        raise TrainDataError(
+            f"no tasks in split 'heldout' of {source}: none of its {len(every)} tasks falls in the held-out "
+            f"{heldout_fraction:.0%} (heldout_fraction={heldout_fraction}, chosen by a hash of task_id); score with "
+            "split all, or train and score with a larger heldout_fraction")
     if curriculum or max_num_ops is not None:
         rows = curriculum_order(rows, max_num_ops)
     if limit:

@@ -308,11 +308,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       samples_per_task=a.samples_per_task, max_new_tokens=a.max_new_tokens,
                       temperature=a.temperature, out=a.out)
     from opsynth import cli
+    from opsynth.train.data import TrainDataError
 
     try:
+        s.check()
+    except ValueError as e:
+        cli.fail(str(e))
+    try:
         return run_settings(s, build_workers=a.build_workers)
-    except (ValueError, OSError) as e:  # TrainDataError included: the caller's input, said in one line
-        cli.fail(str(e).splitlines()[0] if str(e).strip() else type(e).__name__)
+    except (TrainDataError, OSError) as e:  # shards that give no tasks, a policy that does not load: one line
+        cli.fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
 
 
 if __name__ == "__main__":
