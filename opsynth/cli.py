@@ -62,6 +62,16 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def logs_to_stderr() -> None:
+    """Send log lines that Hydra's console handler writes to stdout to stderr instead: stdout is
+    for a command's result (generate's JSON summary, evaluate's JSON), so `cmd > out.json` works."""
+    for logger in (logging.getLogger(), *(lg for lg in logging.root.manager.loggerDict.values()
+                                          if isinstance(lg, logging.Logger))):
+        for h in logger.handlers:
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is sys.stdout:
+                h.setStream(sys.stderr)
+
+
 # --- what a command accepts -------------------------------------------------------------------
 
 def dataclass_keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
@@ -246,12 +256,27 @@ def _known_keys(config_name: str, overrides: list[str], bad_key: str, schema: se
 
 # --- the entry decorator ----------------------------------------------------------------------
 
+def apply_aliases(args: list[str], aliases: Mapping[str, str]) -> list[str]:
+    """`policy=PATH` -> `score.policy=PATH` for each alias (also written `+policy=` / `++policy=`).
+
+    Why: a key named like a config group of conf/ (`policy`, the train command's) is read by Hydra as
+    that group whatever the command's YAML says, so a command that wants the plain value takes it
+    under another key and accepts the short name here, before Hydra parses anything."""
+    out = []
+    for a in args:
+        key, sep, value = a.lstrip("+").partition("=")
+        out.append(f"{aliases[key]}={value}" if sep and key in aliases else a)
+    return out
+
+
 def entry(config_name: str, *, fields: Fields = None, required: Mapping[str, str | None] | None = None,
           usage_errors: tuple[type[BaseException], ...] = (), interrupted: Callable[[Any], str] | None = None,
+          aliases: Mapping[str, str] | None = None,
           config_dir: Path = CONF_DIR) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
     """`hydra.main(<config_dir>/<config_name>.yaml)` with the project's error contract.
 
     fields / required: see `check_overrides` (run on the command line before Hydra starts).
+    aliases: short key -> the config's key (`apply_aliases`), e.g. {"policy": "score.policy"}.
     usage_errors: exception types the command raises for bad input (besides UsageError), turned
         into `error: <message>`, exit 2 (e.g. PushError).
     interrupted: `cfg -> one line` said on Ctrl-C (what was kept, how to resume); exit 130.
@@ -261,6 +286,7 @@ def entry(config_name: str, *, fields: Fields = None, required: Mapping[str, str
     def decorate(task: Callable[[Any], Any]) -> Callable[..., Any]:
         @functools.wraps(task)  # Hydra names the job (and its log file) after the wrapped function's module
         def guarded(cfg):
+            logs_to_stderr()
             quiet_libraries()
             try:
                 return task(cfg)
@@ -284,7 +310,8 @@ def entry(config_name: str, *, fields: Fields = None, required: Mapping[str, str
         def main(cfg_passthrough: Any = None) -> Any:
             if cfg_passthrough is not None:
                 return guarded(cfg_passthrough)
-            args = sys.argv[1:]
+            args = apply_aliases(sys.argv[1:], aliases or {})
+            sys.argv[1:] = args
             try:
                 if not any(a.startswith("-") for a in args):
                     sys.argv[1:] = check_overrides(config_name, args, fields, required, config_dir)

@@ -32,6 +32,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -93,6 +94,38 @@ class GenerateConfig:
             raise ValueError("flush_every must be >= 1")
         self.sampler.validate()
         self.cluster.validate()
+        self.verify.check_compile_backend()
+        _check_output_dir(Path(self.output_dir), self.write_card)
+
+    def check_machine(self) -> None:
+        """What this machine must have for these settings (validate() checks the settings alone):
+        verify=cuda on a local cluster needs a GPU, or the local workers start and fail candidate
+        after candidate. (On Slurm or a scheduler the workers have their own devices.)"""
+        if self.verify.device == "cuda" and self.cluster.kind in ("local", "local_cuda"):
+            from opsynth.cluster import visible_gpus
+
+            if visible_gpus() == 0:
+                raise ValueError("verify=cuda, but this machine has no GPU that torch can see "
+                                 "(torch.cuda.device_count() is 0); use verify=auto or verify=cpu here, or a "
+                                 "cluster whose workers have GPUs (cluster=slurm_gpu, cluster=scheduler)")
+
+
+def _check_output_dir(out: Path, write_card: bool) -> None:
+    """A folder the run can write, and nothing of the user's that the run would overwrite."""
+    existing = next(p for p in [out, *out.parents] if p.exists())
+    try:  # a probe, not a guess from permission bits: root passes os.access on /proc
+        probe = tempfile.mkdtemp(prefix=".opsynth-probe-", dir=existing)
+        os.rmdir(probe)
+    except OSError as e:
+        raise ValueError(f"output_dir={out}: cannot write in {existing} ({e.strerror or type(e).__name__}); "
+                         "give a folder you can write to") from None
+    card = out / "README.md"
+    if write_card and card.is_file():
+        from opsynth.shards.card import is_dataset_card
+
+        if not is_dataset_card(card):
+            raise ValueError(f"output_dir={out} holds a README.md that is not an opsynth dataset card, and the run "
+                             "would replace it with one; move it away or give another output_dir")
 
 
 def candidate_seed(seed: int, index: int) -> int:
@@ -554,16 +587,22 @@ def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None
     from opsynth.shards import RunProgress, RunStats, ShardWriter
 
     cfg.validate()
+    cfg.check_machine()
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.kb_check:  # fail fast, on the driver, when the reference is missing
+    if cfg.kb_check:  # fail fast, on the driver, before anything is written, when the reference is missing
         from opsynth.dedup import load_kernelbench
+        from opsynth.dedup.kernelbench import local_reference
 
+        if not cfg.dedup.kb_path and local_reference() is not None:  # found here: every worker reads this file
+            cfg.dedup.kb_path = str(local_reference().resolve())
         load_kernelbench(kb_path=cfg.dedup.kb_path, kb_dataset=cfg.dedup.kb_dataset, levels=cfg.dedup.kb_levels)
+    out.mkdir(parents=True, exist_ok=True)
     state = _load_state(out)
     catalog = load_catalog()
     t_start = time.monotonic()
     state = _check_folder(cfg, out, state)
+    if not state:
+        state = _state_from_rows(cfg, out)
     writer = ShardWriter(out, rows_per_shard=cfg.rows_per_shard, row_group_size=cfg.row_group_size)
     try:
         stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
@@ -645,6 +684,36 @@ def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
         raise DatasetFolderError(f"{out}: the files hold {on_disk} rows but the run counted {counted} "
                                  f"({stats.accepted} accepted + {stats.adopted_rows} found without a state) and its "
                                  f"ledger lists {len(committer.ledger)}; this is a bug, please report it")
+
+
+def _state_from_rows(cfg: GenerateConfig, out: Path) -> dict:
+    """A state rebuilt from the rows of a folder whose state file is gone (deleted, or a copy made
+    without hidden files): every row carries its seed, so its candidate, and the run resumes after
+    the last one, as the lost state would have had it. Rejection counts of the earlier runs are gone.
+    {} for a folder without rows (a new run). Rows of another `seed` are refused, not adopted."""
+    from opsynth.shards import RunStats, iter_rows, list_shards
+
+    rows = [(int(r["seed"]), r["task_id"]) for r in iter_rows(out, columns=["seed", "task_id"])]
+    if not rows:
+        return {}
+    indices = [seed - cfg.seed * SEED_STRIDE for seed, _ in rows]
+    if min(indices) < 0 or max(indices) >= SEED_STRIDE:
+        raise DatasetFolderError(
+            f"{out} holds {len(rows)} rows but no {STATE_FILE}, and their seeds are not candidates of seed={cfg.seed}; "
+            "rerun with the seed they were made with, or use another output_dir")
+    stats = RunStats(accepted=len(rows), candidates=len(rows))
+    _describe_run(stats, cfg)
+    import pyarrow.parquet as pq
+
+    state = {"next_index": max(indices) + 1, "stats": stats.to_dict(), "examples": [],
+             "ledger": [f"{seed}:{tid}" for seed, tid in rows],
+             "shards": [{"name": sh.path.name, "rows": pq.ParquetFile(sh.path).metadata.num_rows}
+                        for sh in list_shards(out)], "rebuilt_from_rows": True}
+    _save_state(out, state)
+    log.warning("%s had no %s: rebuilt it from its %d rows (candidates up to %d); the run goes on from candidate %d "
+                "(the earlier runs' rejection counts are not known)", out, STATE_FILE, len(rows), max(indices),
+                max(indices) + 1)
+    return state
 
 
 def _check_folder(cfg: GenerateConfig, out: Path, state: dict) -> dict:

@@ -44,6 +44,15 @@ def _check_task(task: str, path: Path) -> None:
         raise UsageError(f"task={path}: not a KernelBench-format task (missing {', '.join(missing)})")
 
 
+def _is_task_failure(reason: str) -> bool:
+    """The environment could not run the task (kind "environment" in the reasons table), as opposed
+    to a verdict on the candidate, which is a reward of -1 and not the caller's error."""
+    from opsynth.reward.reasons import lookup
+
+    entry = lookup(reason)[1]
+    return entry is not None and entry.kind == "environment"
+
+
 def _reward(cfg: Any) -> dict:
     from opsynth.reward.eval_types import RewardConfig
     from opsynth.reward.evaluate import RewardSetupError, evaluate
@@ -61,7 +70,7 @@ def _reward(cfg: Any) -> dict:
         result = evaluate(task, cand_path, rcfg, progress=None if quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
     except RewardSetupError as e:
         raise UsageError(str(e)) from None
-    if result.reason.startswith("reference_"):  # the task itself failed to run: the caller's problem
+    if _is_task_failure(result.reason):  # the task itself failed to run: the caller's problem
         first = [ln for ln in result.log.strip().splitlines() if ln.strip()][-1:] or [result.reason]
         raise UsageError(f"task={task_path}: the task does not run ({result.reason}): {first[0][:300]}")
     if cfg.get("show_log"):
@@ -75,19 +84,35 @@ MODES = {"reward": _reward}
 
 
 # --- mode=score (training stage, opsynth.train.score) -------------------------------------------
-# python -m pipelines.evaluate mode=score +shards=DIR [+split=heldout] (+candidates=DIR | +policy=PATH)
-#     [+heldout_fraction=0.1] [+limit=N] [+out=DIR] [reward.device=...]
+# python -m pipelines.evaluate mode=score shards=DIR policy=PATH [split=heldout] [turns=3] [out=DIR]
+#     (or candidates=DIR; the keys live under score.: score.shards=..., conf/evaluate.yaml)
 # Prints the KernelBench-style table, then (as every mode) one JSON object: the summary.
-def _score(cfg: Any) -> dict:
-    from opsynth.reward.eval_types import RewardConfig
-    from opsynth.train.score import score
+SCORE_ALIASES = {k: f"score.{k}" for k in ("shards", "split", "policy", "candidates", "heldout_fraction", "limit",
+                                           "turns", "samples_per_task", "max_new_tokens", "temperature", "out")}
 
-    return score(
-        str(cfg["shards"]), split=cfg.get("split", "heldout"), candidates=cfg.get("candidates"),
-        policy=cfg.get("policy"), heldout_fraction=float(cfg.get("heldout_fraction", 0.1)),
-        limit=cfg.get("limit"), out=cfg.get("out"), eval_cfg=RewardConfig.from_dict(dict(cfg.get("reward") or {})),
-        samples_per_task=int(cfg.get("samples_per_task", 1)), max_new_tokens=int(cfg.get("max_new_tokens", 1024)),
-    )
+
+def _score(cfg: Any) -> dict:
+    from opsynth.config import build
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.data import TrainDataError
+    from opsynth.train.score import ScoreSettings, run_settings
+
+    # plain dicts (tests, scripts) may give the score keys at the top level, as the command line does
+    values = {**dict(cfg.get("score") or {}), **{k: cfg[k] for k in SCORE_ALIASES if k in cfg}}
+    try:
+        settings = build(ScoreSettings, values, "score")
+        settings.check()
+        eval_cfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
+    except ValueError as e:  # a bad setting
+        raise UsageError(str(e)) from None
+    try:
+        return run_settings(settings, eval_cfg=eval_cfg)
+    except (TrainDataError, OSError) as e:  # shards that give no tasks, a policy that does not load
+        raise UsageError(_first_line(e)) from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 MODES["score"] = _score
@@ -108,8 +133,9 @@ def run(cfg: Any) -> dict:
 
 def _fields() -> dict:
     from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.score import ScoreSettings
 
-    return {"reward": RewardConfig}
+    return {"reward": RewardConfig, "score": ScoreSettings}
 
 
 
@@ -119,7 +145,7 @@ def _isolation_unavailable():
     return IsolationUnavailable
 
 
-@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None}, usage_errors=(_isolation_unavailable(),),
+@cli.entry("evaluate", fields=_fields, required={"task": None, "candidate": None}, usage_errors=(_isolation_unavailable(),), aliases=SCORE_ALIASES,
            interrupted=lambda cfg: "interrupted: nothing is kept from an unfinished evaluation")
 def main(cfg: DictConfig) -> None:
     run(cfg)

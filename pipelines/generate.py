@@ -48,6 +48,7 @@ def main(cfg: DictConfig) -> None:
     try:
         gen_cfg = generate_config(cfg)
         copy.deepcopy(gen_cfg).validate()
+        gen_cfg.check_machine()
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         raise cli.UsageError(f"invalid configuration: {e}") from None
     from opsynth.cluster import ClusterError, ClusterLost

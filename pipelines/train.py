@@ -41,13 +41,15 @@ def quiet_training_libraries() -> None:
 def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """Train with plain values taken from the config; returns the run summary."""
     from opsynth.train.data import TrainDataError
-    from opsynth.train.trainer import TrainSettings, grpo_config, train
+    from opsynth.train.trainer import OutputDirInUse, TrainSettings, grpo_config, reward_env_config, train
 
     values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     values.pop("hydra", None)
     try:
         train_settings = TrainSettings.from_dict(values)
         grpo_config(train_settings)  # trainer.* keys GRPOConfig lacks, before any model loads
+        if train_settings.reward_cluster.get("kind", "none") in ("none", None):  # rewards computed here
+            reward_env_config(train_settings).check_device()
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         raise cli.UsageError(f"invalid configuration: {e}") from None
     quiet_training_libraries()
@@ -55,6 +57,8 @@ def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
         summary = train(train_settings)
     except TrainDataError as e:  # shards=... gives no tasks: the caller's input
         raise cli.UsageError(f"shards={train_settings.shards}: {e}") from None
+    except OutputDirInUse as e:  # an earlier run's folder without resume=true
+        raise cli.UsageError(str(e)) from None
     if summary:
         print(f"[train] steps {summary['global_step']}  reward first {summary['first_reward']} "
               f"last {summary['last_reward']}  -> {summary['output_dir']}")

@@ -10,7 +10,8 @@ __all__ = ["DedupConfig"]
 
 @dataclass
 class DedupConfig:
-    # KernelBench reference: a local Parquet file or folder (kb_path) wins over the Hub dataset (kb_dataset).
+    # KernelBench reference: a local Parquet file or folder (kb_path); None: a local copy if one is found
+    # ($OPSYNTH_KERNELBENCH, ../shared/kernelbench/kernelbench.parquet), else the Hub dataset (kb_dataset).
     kb_dataset: str = "ScalingIntelligence/KernelBench"
     kb_path: str | None = None
     kb_levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])

@@ -1,16 +1,29 @@
 """Loading the KernelBench problems that tasks are decontaminated against.
 
-Default source is the Hub dataset ``ScalingIntelligence/KernelBench`` (splits ``level_1`` ...
-``level_4``); a local Parquet file or folder (``dedup.kb_path``) wins over it. A reference that cannot
-be read is an error naming the setting to fix: decontaminating against nothing would pass every task.
+Where the problems come from, first match wins:
+
+1. ``dedup.kb_path``, a local Parquet file or folder (an error if it is not there);
+2. a local copy found without being asked for: ``$OPSYNTH_KERNELBENCH`` (an error if set to a path
+   that is not there), then ``../shared/kernelbench/kernelbench.parquet`` beside the working folder
+   (the layout of the project's own machines and CI);
+3. the Hub dataset ``ScalingIntelligence/KernelBench`` (splits ``level_1`` ... ``level_4``) through
+   ``datasets``, which caches it: a user with internet needs nothing else, and offline a cached copy
+   serves. Offline with no copy at all, the error says how to point at a file.
+
+A reference that cannot be read is an error naming the setting to fix: decontaminating against
+nothing would pass every task.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KBProblem", "KernelBenchUnavailable", "load_kernelbench"]
+__all__ = ["KBProblem", "KernelBenchUnavailable", "load_kernelbench", "local_reference"]
+
+ENV_VAR = "OPSYNTH_KERNELBENCH"
+BESIDE = Path("..") / "shared" / "kernelbench" / "kernelbench.parquet"  # relative to the working folder
 
 _REQUIRED = ("code", "level", "name")
 
@@ -76,16 +89,44 @@ def _load_parquet(path: Path) -> list[dict]:
     return rows
 
 
+def local_reference() -> Path | None:
+    """A local KernelBench copy found without `dedup.kb_path`: `$OPSYNTH_KERNELBENCH`, else
+    `../shared/kernelbench/kernelbench.parquet`; None when there is neither (then: the Hub)."""
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        path = Path(env).expanduser()
+        if not path.exists():
+            raise KernelBenchUnavailable(f"KernelBench reference not found: {ENV_VAR}={env!r} does not exist; "
+                                         f"point it (or dedup.kb_path) at a kernelbench Parquet file, or unset it")
+        return path
+    return BESIDE if BESIDE.exists() else None
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+HOW_TO_POINT = ("point at a local copy with dedup.kb_path=/path/to/kernelbench.parquet (the Hub dataset's splits "
+                "as Parquet, columns level, name, code), or kb_check=false to skip decontamination")
+
+
 def _load_hub(dataset: str) -> list[dict]:
     try:
         import datasets
 
         dd = datasets.load_dataset(dataset)
     except Exception as e:
+        if _offline():
+            raise KernelBenchUnavailable(
+                f"KernelBench reference: no local copy (dedup.kb_path is unset, no ${ENV_VAR}, no {BESIDE}) and the "
+                f"Hub dataset {dataset} is not in the datasets cache, which offline mode (HF_HUB_OFFLINE=1) "
+                f"cannot fill; {HOW_TO_POINT}") from e
+        detail = " ".join(str(e).split())[:200]
         raise KernelBenchUnavailable(
-            f"cannot load the KernelBench Hub dataset dedup.kb_dataset={dataset!r} ({type(e).__name__}: {e}); "
-            "set dedup.kb_path to a local kernelbench Parquet file or folder"
-        ) from e
+            f"KernelBench reference: no local copy (dedup.kb_path is unset, no ${ENV_VAR}, no {BESIDE}) and the "
+            f"Hub dataset dedup.kb_dataset={dataset} could not be loaded ({type(e).__name__}: {detail}); "
+            f"{HOW_TO_POINT}") from e
     rows: list[dict] = []
     for split in sorted(dd.keys()):
         for r in dd[split]:
@@ -104,7 +145,9 @@ def load_kernelbench(
     kb_dataset: str = "ScalingIntelligence/KernelBench",
     levels: list[int] | None = None,
 ) -> list[KBProblem]:
-    """The KernelBench problems, sorted by (level, problem_id)."""
+    """The KernelBench problems, sorted by (level, problem_id); `kb_path` None: a local copy if one
+    is found (`local_reference`), else the Hub dataset `kb_dataset`."""
+    kb_path = kb_path or local_reference()
     if kb_path:
         path = Path(kb_path).expanduser()
         problems = _rows_to_problems(_load_parquet(path), str(path))

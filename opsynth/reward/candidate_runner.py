@@ -218,7 +218,7 @@ def measure(job) -> dict:
             finally:
                 audit.poison = False
             if len(audit.violations) > n_viol:
-                raise Reject("reference_fallback", f"{where}: blocked op {audit.violations[n_viol]} was caught and swallowed by the candidate")
+                raise Reject("fallback", f"{where}: blocked op {audit.violations[n_viol]} was caught and swallowed by the candidate")
             if audit.stream_use:
                 raise Reject("side_stream", f"{where}: {audit.stream_use[0]} used inside forward")
             check_harness(where)
@@ -321,7 +321,7 @@ def measure(job) -> dict:
                     raise Reject("forbidden_op:" + audit.violations[n_viol], f"timing: {e}")
                 raise Reject("runtime_error", "timing: " + traceback.format_exc()[-4000:])
             if len(audit.violations) > n_viol:
-                raise Reject("reference_fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")
+                raise Reject("fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")
             if audit.stream_use:
                 raise Reject("side_stream", f"timing: {audit.stream_use[0]} used inside forward")
             if guards.new_python_threads(base_threads):

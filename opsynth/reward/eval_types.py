@@ -61,6 +61,10 @@ class RewardConfig:
     device_index: int | None = None  # which visible GPU (None: LOCAL_RANK under accelerate, else 0)
     remote_builds: bool = False  # evaluate_many with a Dask client: send builds to any worker
 
+    def quoted_settings(self) -> dict:
+        """What `details["settings"]` of a verdict holds (SETTINGS_QUOTED)."""
+        return {k: getattr(self, k) for k in SETTINGS_QUOTED}
+
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
@@ -87,6 +91,17 @@ class RewardConfig:
             return "cuda" if torch.cuda.is_available() else "cpu"
         except Exception:
             return "cpu"
+
+    def check_device(self) -> None:
+        """ValueError when `device=cuda` cannot work here (no GPU torch can see): every candidate's
+        child would crash, one by one, and the reward would read -1 `crashed` for all of them."""
+        if self.device != "cuda":
+            return
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("reward.device=cuda, but this machine has no GPU that torch can see "
+                             "(torch.cuda.is_available() is False); use reward.device=cpu or auto")
 
     def resolved_build_workers(self, device: str) -> int:
         if self.build_workers:
@@ -122,6 +137,11 @@ class RewardConfig:
         from opsynth.config import build
 
         return build(cls, d, "reward")
+
+
+# The settings a verdict depends on, recorded with every result (`details["settings"]`) so that the
+# feedback a policy reads quotes the input sets, tolerance and margin it was judged with.
+SETTINGS_QUOTED = ("num_trials", "atol", "rtol", "margin")
 
 
 @dataclass

@@ -128,7 +128,8 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
     }
     res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS, env_extra=_device_env(cfg, device))
     if res.reason != "ok":
-        return _Reference(False, "reference_" + res.reason, res.log, scratch)
+        # the task's own failure: named task_* (task_timeout, task_error), never a program's reason
+        return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
     import torch
 
     out_path = Path(job["ref_outputs_path"])
@@ -306,7 +307,11 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
         else:
             specs[i] = spec
     if not specs:
-        return [r for r in results]  # type: ignore[misc]
+        return _with_settings([r for r in results], cfg)  # type: ignore[misc]
+    try:
+        cfg.check_device()
+    except ValueError as e:
+        raise RewardSetupError(str(e)) from None
     try:
         from opsynth.runtime.sandbox import isolation_enabled
 
@@ -399,7 +404,15 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
         for f in ref_futs.values():
             if f.done() and f.exception() is None:
                 _cleanup(f.result().scratch, cfg)
-    return [r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device) for r in results]
+    return _with_settings([r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device)
+                           for r in results], cfg)
+
+
+def _with_settings(results: list[EvalResult], cfg: RewardConfig) -> list[EvalResult]:
+    """Record the settings each verdict was reached with (the feedback turn quotes them)."""
+    for r in results:
+        r.details.setdefault("settings", cfg.quoted_settings())
+    return results
 
 
 class RewardSetupError(RuntimeError):

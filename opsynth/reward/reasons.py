@@ -6,8 +6,14 @@ reason that fired. `tests/train/test_reasons.py` checks that every reason string
 package's source is in `REASONS`, so a new check cannot ship without its rule.
 
 A reason is `EvalResult.reason`; some carry a detail after a colon (`forbidden_op:aten.relu`,
-`forbidden_import:ctypes`, `timer_patched:time.perf_counter`) or are prefixed (`reference_timeout`:
+`forbidden_import:ctypes`, `timer_patched:time.perf_counter`) or are prefixed (`task_timeout`:
 the task's own reference run timed out); `lookup` resolves those to their entry.
+
+Two vocabularies that never overlap: the environment's own failures (kind "environment": the task
+could not be run, not the program's fault) all start with `task_`, and no verdict on a program
+does. Callers that must tell them apart (the evaluate command) ask `lookup(reason)[1].kind`.
+Names from before the split (`reference_fallback`, `reference_<why>`) still resolve (`RENAMED`),
+for metrics and JSON written by older runs.
 """
 
 from __future__ import annotations
@@ -106,25 +112,43 @@ REASONS: dict[str, Reason] = {
     "forbidden_op:": Reason("anti_hacking", "forbidden_ops", "`forward` called a torch operator instead of the program's own kernel"),
     "forbidden_import:": Reason("anti_hacking", "forbidden_imports", "the program imports a forbidden module"),
     "uses_model": Reason("anti_hacking", "forbidden_ops", "the program uses the reference `Model`"),
-    "reference_fallback": Reason("anti_hacking", "no_fallback", "the program has a try/except fallback"),
+    "fallback": Reason("anti_hacking", "no_fallback", "the program has a try/except fallback"),
     "side_stream": Reason("anti_hacking", "no_streams", "the program uses a side stream or a thread"),
     "input_mutated": Reason("anti_hacking", "inputs_unchanged", "`forward` changed an input in place"),
     "tensor_subclass": Reason("anti_hacking", "no_patching", "the program defines or returns a tensor subclass"),
     "timer_patched": Reason("anti_hacking", "no_patching", "the program patched a timer or tracing hook"),
     "harness_patched": Reason("anti_hacking", "no_patching", "the program patched torch or the harness"),
-    # the environment's own failures (the reference run of the task, then the reason it gave)
-    "reference_": Reason("environment", None, "the environment could not run the task's reference `Model`"),
+    # the environment's own failures (the reference run of the task, then the reason it gave): all task_*
+    "task_": Reason("environment", None, "the environment could not run the task's reference `Model`"),
     "task_error": Reason("environment", None, "the task's reference `Model` raised an exception"),
 }
+
+
+# Old names -> new (exact names, then prefixes): the candidate's fallback was `reference_fallback`
+# and the task's own failures `reference_<why>` before the two vocabularies were split.
+RENAMED = {"reference_fallback": "fallback", "reference_task_error": "task_error"}
+RENAMED_PREFIXES = {"reference_": "task_"}
+
+
+def current_name(reason: str) -> str:
+    """The reason under its current name (`reference_fallback` -> `fallback`, `reference_timeout` ->
+    `task_timeout`); anything else unchanged."""
+    if reason in RENAMED:
+        return RENAMED[reason]
+    for old, new in RENAMED_PREFIXES.items():
+        if reason.startswith(old):
+            return new + reason[len(old):]
+    return reason
 
 
 def lookup(reason: str) -> tuple[str, Reason | None, str]:
     """(table name, entry or None, detail) for a reason string as `EvalResult.reason` gives it.
 
-    `forbidden_op:aten.relu` -> ("forbidden_op:", entry, "aten.relu"); `reference_timeout` ->
-    ("reference_", entry, "timeout"); an unknown reason -> (reason, None, "").
+    `forbidden_op:aten.relu` -> ("forbidden_op:", entry, "aten.relu"); `task_timeout` ->
+    ("task_", entry, "timeout"); an old name resolves as its new one (`reference_timeout` too);
+    an unknown reason -> (reason, None, "").
     """
-    reason = reason or ""
+    reason = current_name(reason or "")
     if reason in REASONS:
         return reason, REASONS[reason], ""
     head, sep, tail = reason.partition(":")

@@ -199,7 +199,7 @@ def static_check(spec: CandidateSpec, enabled: bool = True) -> tuple[str, str]:
                     h.body and all(isinstance(s, ast.Raise) for s in h.body) for h in n.handlers
                 )
                 if not handlers_reraise:
-                    return "reference_fallback", f"line {n.lineno}: try/except in {f.name} (a fallback path)"
+                    return "fallback", f"line {n.lineno}: try/except in {f.name} (a fallback path)"
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
                 return "forbidden_op:matmul", f"line {n.lineno}: '@' in {f.name}"
             if isinstance(n, ast.Call):
@@ -217,7 +217,7 @@ def static_check(spec: CandidateSpec, enabled: bool = True) -> tuple[str, str]:
             for c in ast.walk(n)
         ):
             if not all(h.body and all(isinstance(s, ast.Raise) for s in h.body) for h in n.handlers):
-                return "reference_fallback", f"line {n.lineno}: try/except around the extension build"
+                return "fallback", f"line {n.lineno}: try/except around the extension build"
 
     native = "\n".join(
         [s.value for s in ast.walk(tree) if isinstance(s, ast.Constant) and isinstance(s.value, str)]

@@ -222,6 +222,12 @@ def _plot_barh(counts: Mapping[str, int], title: str, xlabel: str, what: str, pa
     return fig
 
 
+def compile_label(th: Mapping[str, Any]) -> str:
+    """`torch.compile (aot_eager)`: the backend that timed the compiled column, as the run set it."""
+    backend = th.get("compile_backend")
+    return f"torch.compile ({backend})" if backend else "torch.compile"
+
+
 def _plot_runtimes(eager: np.ndarray, compiled: np.ndarray, th: Mapping[str, Any], path: Path):
     """Histogram of eager and compiled runtimes with the eager band that was in force (the CPU band
     on a CPU run: `th` holds the band of the device that verified)."""
@@ -233,7 +239,7 @@ def _plot_runtimes(eager: np.ndarray, compiled: np.ndarray, th: Mapping[str, Any
     else:
         bins = _log_bins(both)
         ax.hist(eager[eager > 0], bins=bins, alpha=0.6, label="eager")
-        ax.hist(compiled[compiled > 0], bins=bins, alpha=0.6, label="torch.compile")
+        ax.hist(compiled[compiled > 0], bins=bins, alpha=0.6, label=compile_label(th))
         ax.set_xscale("log")
         device = th.get("verify_device")
         _vline(ax, th.get("eager_ms_min"), f"eager band ({device})" if device else "eager band")
@@ -248,7 +254,7 @@ def _plot_runtimes(eager: np.ndarray, compiled: np.ndarray, th: Mapping[str, Any
     return fig
 
 
-def _plot_speedup(speedup: np.ndarray, path: Path):
+def _plot_speedup(speedup: np.ndarray, path: Path, th: Mapping[str, Any] | None = None):
     fig, ax = _figure()
     s = speedup[speedup > 0]
     if s.size == 0:
@@ -264,7 +270,7 @@ def _plot_speedup(speedup: np.ndarray, path: Path):
         ax.set_xlabel("eager_ms / compile_ms")
         ax.set_ylabel("tasks")
         ax.legend()
-    ax.set_title("torch.compile speedup over eager")
+    ax.set_title(f"{compile_label(th or {})} speedup over eager")
     fig.savefig(path)
     return fig
 
@@ -332,7 +338,7 @@ def write_report(
     _plot_mixture(mix, plots_dir / plots["mixture"])
     _plot_barh(cover, "Category coverage (rows using each category)", "rows", "categories", plots_dir / plots["categories"])
     _plot_runtimes(eager, compiled, th, plots_dir / plots["runtimes"])
-    _plot_speedup(speedup, plots_dir / plots["speedup"])
+    _plot_speedup(speedup, plots_dir / plots["speedup"], th)
     _plot_similarity(sim, th, plots_dir / plots["kb_similarity"])
     _plot_barh(rej["counts"], "Rejections by reason", "candidates", "rejections", plots_dir / plots["rejections"])
 

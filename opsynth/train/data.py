@@ -131,7 +131,13 @@ def select_tasks(
     hub_split: str = "train",
 ) -> list[dict[str, Any]]:
     """The rows one run trains or scores on: load, split, optionally order by difficulty, cap."""
-    rows = split_rows(load_rows(source, hub_split=hub_split), split, heldout_fraction)
+    every = load_rows(source, hub_split=hub_split)
+    rows = split_rows(every, split, heldout_fraction)
+    if not rows and split == "heldout" and every:  # a small folder: say why, and what to do
+        raise TrainDataError(
+            f"no tasks in split 'heldout' of {source}: none of its {len(every)} tasks falls in the held-out "
+            f"{heldout_fraction:.0%} (heldout_fraction={heldout_fraction}, chosen by a hash of task_id); score with "
+            "split all, or train and score with a larger heldout_fraction")
     if curriculum or max_num_ops is not None:
         rows = curriculum_order(rows, max_num_ops)
     if limit:

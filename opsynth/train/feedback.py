@@ -6,15 +6,19 @@ the trimmed compiler output of a failed build, the traceback of a crash, which o
 how much on which input set, the anti-hacking rule that fired, or the timings against eager and
 torch.compile with the profiler's top kernels. It reads `EvalResult.details` (structured extras:
 `kernels`, mismatch numbers) when the environment gives them, and otherwise parses `reason` and `log`.
+The numbers it quotes (input sets, tolerance, the 5 % margin) are the settings the verdict was
+reached with (`details["settings"]`, which `evaluate_many` records), not the defaults.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import re
 from typing import Any
 
+from opsynth.reward.eval_types import SETTINGS_QUOTED, RewardConfig
 from opsynth.reward.reasons import RULES, lookup
 
 BUILD_LINES = 25  # compiler error lines kept (each with a line of context)
@@ -106,20 +110,56 @@ def mismatch(result: Any) -> dict[str, Any]:
     return out
 
 
-def _mismatch_line(mm: dict[str, Any]) -> str:
+# The reward environment's defaults, for a verdict that does not say its settings.
+DEFAULT_SETTINGS = {f.name: f.default for f in dataclasses.fields(RewardConfig) if f.name in SETTINGS_QUOTED}
+_TABLE_TOLERANCE = "atol = rtol = 1e-2"  # as the reasons table words the default tolerance
+_TABLE_MARGIN = "5%"  # and the default margin
+
+
+def settings_of(result: Any) -> dict[str, float]:
+    """The settings a verdict was reached with (`details["settings"]`), defaults for the rest."""
+    given = _details(result).get("settings")
+    out = dict(DEFAULT_SETTINGS)
+    if isinstance(given, dict):
+        out.update({k: given[k] for k in DEFAULT_SETTINGS if _num(given.get(k)) is not None})
+    return out
+
+
+def _short_num(x: float) -> str:
+    """1e-2 for a power of ten (as the table writes it), else the shortest plain form (0.05)."""
+    mantissa, _, exponent = f"{x:e}".partition("e")
+    return f"1e{int(exponent)}" if float(mantissa) == 1.0 and x < 1 else f"{x:g}"
+
+
+def tolerance_text(s: dict) -> str:
+    a, r = _short_num(s["atol"]), _short_num(s["rtol"])
+    return f"atol = rtol = {a}" if a == r else f"atol = {a}, rtol = {r}"
+
+
+def margin_text(s: dict) -> str:
+    return f"{(1 - s['margin']) * 100:.3g}%"
+
+
+def with_settings(text: str, s: dict) -> str:
+    """A line of the reasons table with the tolerance and margin the verdict was reached with."""
+    return text.replace(_TABLE_TOLERANCE, tolerance_text(s)).replace(_TABLE_MARGIN, margin_text(s))
+
+
+def _mismatch_line(mm: dict[str, Any], s: dict | None = None) -> str:
+    s = s or DEFAULT_SETTINGS
     if not mm:
         return ""
     where = f"output {mm['output']}" if "output" in mm else "an output"
     if "input" in mm and isinstance(mm["input"], str):
         where += f" on {mm['input']}"
     elif "trial" in mm:
-        where += f" on input set {mm['trial']} (of 5 random input sets)"
+        where += f" on input set {mm['trial']} (of {int(s['num_trials'])} random input sets)"
     errs = []
     if _num(mm.get("max_abs_error")) is not None:
         errs.append(f"max abs error {mm['max_abs_error']:.3g}")
     if _num(mm.get("max_rel_error")) is not None:
         errs.append(f"max rel error {mm['max_rel_error']:.3g}")
-    return f"Mismatch: {where}: {', '.join(errs) or 'differs'} (tolerance atol = rtol = 1e-2)."
+    return f"Mismatch: {where}: {', '.join(errs) or 'differs'} (tolerance {tolerance_text(s)})."
 
 
 def top_kernels(result: Any) -> list[tuple[str, float | None]]:
@@ -152,7 +192,7 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g} ms"
 
 
-def _timings(result: Any) -> list[str]:
+def _timings(result: Any, s: dict) -> list[str]:
     times = getattr(result, "times", None) or {}
     cand, eager, comp = (_num(times.get(k)) for k in ("candidate_ms", "eager_ms", "compile_ms"))
     parts = [f"your ModelNew {_ms(cand)}"]
@@ -170,7 +210,8 @@ def _timings(result: Any) -> list[str]:
     target = comp if reward == 2 else eager
     if cand and target and reward < 3:
         which = "torch.compile" if reward == 2 else "eager PyTorch"
-        lines.append(f"To score {reward + 1}, get under {0.95 * target:.4g} ms (more than 5% faster than {which}).")
+        lines.append(f"To score {reward + 1}, get under {s['margin'] * target:.4g} ms "
+                     f"(more than {margin_text(s)} faster than {which}).")
     return lines
 
 
@@ -179,21 +220,23 @@ def format_feedback(result: Any, attempt: int | None = None) -> str:
     reason = str(getattr(result, "reason", "") or "")
     reward = getattr(result, "reward", -1)
     name, entry, extra = lookup(reason)
+    s = settings_of(result)
     head = f"Attempt {attempt}: " if attempt else ""
     lines: list[str] = []
     if entry is not None and entry.kind == "ok":
-        level = {1: "correct, but not more than 5% faster than eager PyTorch",
-                 2: "correct and faster than eager PyTorch, but not more than 5% faster than torch.compile",
+        m = margin_text(s)
+        level = {1: f"correct, but not more than {m} faster than eager PyTorch",
+                 2: f"correct and faster than eager PyTorch, but not more than {m} faster than torch.compile",
                  3: "correct and faster than both eager PyTorch and torch.compile"}.get(int(reward), "correct")
         lines.append(f"{head}the environment ran your program: {level} (reward {int(reward)}).")
-        lines += _timings(result)
+        lines += _timings(result, s)
         lines.append("Keep it correct and make it faster. " + ASK if int(reward) < 3 else ASK)
         return "\n".join(lines)
-    what = entry.what if entry is not None else "the environment rejected the program"
+    what = with_settings(entry.what, s) if entry is not None else "the environment rejected the program"
     lines.append(f"{head}the environment rejected your program: {reason or 'unknown'} (reward {int(reward)}): {what}"
                  + (f" ({extra})" if extra and name.endswith(":") else "") + ".")
     if entry is not None and entry.rule:
-        lines.append(f"Rule: {RULES[entry.rule]}")
+        lines.append(f"Rule: {with_settings(RULES[entry.rule], s)}")
     log = str(getattr(result, "log", "") or "")
     kind = entry.kind if entry is not None else ""
     if name == "build_error":
@@ -202,7 +245,7 @@ def format_feedback(result: Any, attempt: int | None = None) -> str:
         lines.append("Error (trimmed):\n```\n" + traceback_tail(log) + "\n```")
     elif kind == "correctness" or name in ("incorrect_under_timing", "uninitialized_output"):
         mm = mismatch(result)
-        lines.append(_mismatch_line(mm) if mm else f"Detail: {reason_detail(result)}")
+        lines.append(_mismatch_line(mm, s) if mm else f"Detail: {reason_detail(result)}")
     elif kind == "environment":
         lines.append("This is the task's failure, not your program's; detail: " + (reason_detail(result) or reason))
     elif name != "no_code":

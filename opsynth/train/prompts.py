@@ -23,9 +23,18 @@ BUILD_ADVICE = (
 )
 
 
-def _brief() -> str:
-    """The brief: every rule of the reward environment's table (opsynth.reward.reasons), one a line."""
-    rules = [text for key, text in RULES.items() if key not in ("format", "reward")]
+def kernel_brief(settings: dict | None = None) -> str:
+    """The brief: every rule of the reward environment's table (opsynth.reward.reasons), one a line,
+    with the tolerance and margin of `settings` (`RewardConfig.quoted_settings()`; None: defaults)."""
+    from opsynth.train.feedback import DEFAULT_SETTINGS, with_settings
+
+    s = {**DEFAULT_SETTINGS, **(settings or {})}
+    rules = {key: with_settings(text, s) for key, text in RULES.items()}
+    return _brief(rules)
+
+
+def _brief(rules_by_key: dict[str, str] = RULES) -> str:
+    rules = [text for key, text in rules_by_key.items() if key not in ("format", "reward")]
     return "\n".join(
         [
             "You are an expert GPU kernel engineer. Below is a PyTorch program `Model`. Write `ModelNew`, a",
@@ -36,9 +45,9 @@ def _brief() -> str:
             "",
             f"Advice: {BUILD_ADVICE}",
             "",
-            RULES["reward"],
+            rules_by_key["reward"],
             "",
-            RULES["format"],
+            rules_by_key["format"],
         ]
     )
 

@@ -17,6 +17,7 @@ Run: `python -m opsynth.train.score --shards DIR --split heldout --candidates DI
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -244,7 +245,49 @@ def score(
     return summary
 
 
+@dataclasses.dataclass
+class ScoreSettings:
+    """What `score` takes, as settings (`pipelines.evaluate mode=score score.<key>=...`, conf/evaluate.yaml)."""
+
+    shards: str | None = None  # a folder of shards (or a Hub dataset id)
+    split: str = "heldout"  # train | heldout | all
+    policy: str | None = None  # a checkpoint folder (a training run's final/) or a Hub model id
+    candidates: str | None = None  # or: a folder of candidate files named <task_id>.py / .txt
+    heldout_fraction: float = 0.1
+    limit: int | None = None
+    turns: int = 3  # turns per episode for a policy (1: single-turn only)
+    samples_per_task: int = 1
+    max_new_tokens: int = 1024
+    temperature: float = 0.0
+    out: str | None = None  # write score.json here
+
+    def check(self) -> None:
+        """The mistakes a user makes, as one line each (ValueError), before anything loads."""
+        if not self.shards:
+            raise ValueError("shards is required: the folder of shards to score on")
+        if (self.candidates is None) == (self.policy is None):
+            raise ValueError("give exactly one of policy (a checkpoint folder or a Hub model id) or candidates "
+                             "(a folder of candidate files named <task_id>.py)")
+        if self.candidates is not None and not os.path.isdir(self.candidates):
+            raise ValueError(f"candidates={self.candidates}: no such folder")
+        if self.policy is not None and (os.sep in self.policy or self.policy.startswith(".")) \
+                and not os.path.isdir(self.policy):
+            raise ValueError(f"policy={self.policy}: no such folder (a checkpoint folder such as a "
+                             "training run's final/, or a Hub model id)")
+        if self.turns < 1 or self.samples_per_task < 1:
+            raise ValueError("turns and samples_per_task must be >= 1")
+
+
+def run_settings(s: ScoreSettings, eval_cfg: Any = None, build_workers: int | None = None) -> dict[str, Any]:
+    """`score` from settings; a bad setting or shards that give no tasks raise ValueError (one line)."""
+    s.check()
+    return score(s.shards, s.split, s.candidates, s.policy, s.heldout_fraction, s.limit, build_workers, s.out,
+                 eval_cfg=eval_cfg, samples_per_task=s.samples_per_task, max_new_tokens=s.max_new_tokens,
+                 temperature=s.temperature, turns=s.turns)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """The command line; a bad argument or shards without tasks: one `error:` line, exit 2."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", required=True)
     p.add_argument("--split", default="heldout", choices=["train", "heldout", "all"])
@@ -260,9 +303,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--turns", type=int, default=3, help="turns per episode for a policy (1: single-turn only)")
     p.add_argument("--out")
     a = p.parse_args(argv)
-    return score(a.shards, a.split, a.candidates, a.policy, a.heldout_fraction, a.limit, a.build_workers, a.out,
-                 samples_per_task=a.samples_per_task, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                 turns=a.turns)
+    s = ScoreSettings(shards=a.shards, split=a.split, policy=a.policy, candidates=a.candidates,
+                      heldout_fraction=a.heldout_fraction, limit=a.limit, turns=a.turns,
+                      samples_per_task=a.samples_per_task, max_new_tokens=a.max_new_tokens,
+                      temperature=a.temperature, out=a.out)
+    from opsynth import cli
+    from opsynth.train.data import TrainDataError
+
+    try:
+        s.check()
+    except ValueError as e:
+        cli.fail(str(e))
+    try:
+        return run_settings(s, build_workers=a.build_workers)
+    except (TrainDataError, OSError) as e:  # shards that give no tasks, a policy that does not load: one line
+        cli.fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
 
 
 if __name__ == "__main__":

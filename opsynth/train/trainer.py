@@ -20,7 +20,7 @@ from typing import Any, Callable
 from opsynth.train.data import select_tasks
 from opsynth.train.episodes import EpisodeConfig
 from opsynth.train.policy import PolicyConfig, load_policy
-from opsynth.train.prompts import KERNEL_BRIEF, prompt_record
+from opsynth.train.prompts import kernel_brief, prompt_record
 
 # GRPOConfig values we set unless the trainer config says otherwise. Asymmetric clipping
 # (0.2 / 0.28) follows CUDA-Agent (and DAPO's clip-higher); logging every step keeps the curve.
@@ -42,7 +42,8 @@ class TrainSettings:
     """Everything one training run needs, as plain values (Hydra's conf/train.yaml maps onto it)."""
 
     shards: str
-    output_dir: str = "outputs/train"
+    # Not under outputs/train/, where Hydra writes every train command's log folder.
+    output_dir: str = "runs/train"
     hub_split: str = "train"
     split: str = "train"
     heldout_fraction: float = 0.1
@@ -140,6 +141,25 @@ def reward_cluster_evaluator(settings: TrainSettings):
     return lambda pairs, cfg: evaluate_many(pairs, cfg, client=handle.client)
 
 
+class OutputDirInUse(ValueError):
+    """output_dir holds an earlier run and `resume` is off: a new run would mix its checkpoints and
+    metrics with that one's (and rotate its checkpoints away)."""
+
+
+RUN_MARKS = ("metrics.jsonl", "summary.json", "final")  # besides checkpoint-*: what a training run leaves
+
+
+def check_output_dir(settings: TrainSettings) -> None:
+    """Refuse to start a fresh run in a folder that holds an earlier one (one line, no model loaded)."""
+    if settings.resume or not os.path.isdir(settings.output_dir):
+        return
+    found = sorted(n for n in os.listdir(settings.output_dir) if n.startswith("checkpoint-") or n in RUN_MARKS)
+    if found:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise OutputDirInUse(f"output_dir={settings.output_dir} holds an earlier training run ({shown}); resume=true "
+                             "continues it, or give another output_dir")
+
+
 def resume_checkpoint(settings: TrainSettings) -> str | None:
     """The checkpoint to resume from: an explicit path, or the newest one under the output dir."""
     if not settings.resume:
@@ -188,7 +208,9 @@ def train(
         curriculum=settings.curriculum, max_num_ops=settings.max_num_ops, limit=settings.limit_tasks,
         hub_split=settings.hub_split,
     )
+    check_output_dir(settings)
     os.makedirs(settings.output_dir, exist_ok=True)
+    brief = kernel_brief(reward_env_config(settings).quoted_settings())  # the tolerance the reward applies
     if model_and_tokenizer is not None:
         model, tokenizer = model_and_tokenizer
         chat = False
@@ -210,10 +232,10 @@ def train(
         # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.
         with PartialState().main_process_first():
             model, tokenizer, chat = load_policy(
-                settings.policy, settings.output_dir, corpus=[KERNEL_BRIEF] + [r["code"] for r in rows],
+                settings.policy, settings.output_dir, corpus=[brief] + [r["code"] for r in rows],
                 warm_start_examples=examples,
             )
-    records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat) for r in rows]
+    records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat, brief) for r in rows]
     dataset = Dataset.from_list(records)
     tasks = {prompt_key(rec["prompt"]): row for rec, row in zip(records, rows)}
 

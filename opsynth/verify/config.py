@@ -15,6 +15,9 @@ from typing import Any
 
 
 SANDBOX_MODES = ("auto", "true", "false")
+DEVICES = ("auto", "cpu", "cuda")
+# torch.compile backends that every torch build registers (no import needed to accept them).
+COMMON_BACKENDS = frozenset({"inductor", "eager", "aot_eager", "cudagraphs"})
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,14 @@ class VerifyConfig:
         if str(self.sandbox).lower() not in SANDBOX_MODES:
             raise ValueError(f"verify.sandbox must be one of {', '.join(SANDBOX_MODES)}, got {self.sandbox!r}")
         self.sandbox = str(self.sandbox).lower()
+        if self.device not in DEVICES:
+            raise ValueError(f"verify.device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        for name in ("timeout_s", "startup_timeout_s", "timing_budget_ms"):  # 0 would stop every candidate
+            if not getattr(self, name) > 0:
+                raise ValueError(f"verify.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.repeats < 1 or self.warmup < 0 or self.min_repeats < 1 or self.max_tasks_per_worker < 1:
+            raise ValueError("verify.repeats, verify.min_repeats and verify.max_tasks_per_worker must be >= 1 "
+                             "and verify.warmup >= 0")
         for name in ("edge_margin", "edge_margin_low"):
             if not 0 <= getattr(self, name) < 0.5:
                 raise ValueError(f"verify.{name} must be in [0, 0.5), got {getattr(self, name)}")
@@ -168,6 +179,24 @@ class VerifyConfig:
     def sandboxed(self, sampled: bool) -> bool:
         """Whether workers are confined, for sources the sampler generated (`sampled`) or not."""
         return self.sandbox == "true" or (self.sandbox == "auto" and not sampled)
+    def check_compile_backend(self) -> None:
+        """Refuse a `compile_backend` torch.compile does not know, before any candidate is compiled
+        with it (otherwise every candidate is rejected, one by one). The usual names are answered
+        from a list; anything else asks torch._dynamo (seconds to import), so a backend a plugin
+        registers is accepted too."""
+        if self.compile_backend in COMMON_BACKENDS:
+            return
+        import torch._dynamo
+
+        known = sorted(torch._dynamo.list_backends(exclude_tags=()))
+        if self.compile_backend not in known:
+            from opsynth.config import close_match
+
+            guess = close_match(self.compile_backend, known)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            shown = [b for b in known if "TESTING" not in b and "minifier" not in b]
+            raise ValueError(f"verify.compile_backend={self.compile_backend!r} is not a torch.compile backend{hint}; "
+                             f"known: {', '.join(shown)}")
 
     def limits(self, device: str) -> DeviceLimits:
         """The band and memory limits for ``device`` ("cpu" or "cuda")."""

@@ -216,6 +216,8 @@ def test_missing_or_unreadable_reference_names_the_setting(tmp_path, monkeypatch
         raise ConnectionError("offline")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.delenv("OPSYNTH_KERNELBENCH", raising=False)
+    monkeypatch.chdir(tmp_path)  # no local copy beside it either
     with pytest.raises(KernelBenchUnavailable, match="dedup.kb_path"):
         KernelBenchIndex.from_config({"kb_path": None, "kb_dataset": "ScalingIntelligence/KernelBench"})
 
@@ -232,6 +234,68 @@ def test_hub_rows_are_read_per_level_split(monkeypatch, kernelbench_parquet):
     monkeypatch.setattr(datasets, "load_dataset", lambda name, *a, **k: datasets.DatasetDict(splits))
     hub = load_kernelbench(kb_path=None, kb_dataset="ScalingIntelligence/KernelBench")
     assert [p.key for p in hub] == [p.key for p in load_kernelbench(kb_path=kernelbench_parquet)]
+
+
+def _hub_splits(kernelbench_parquet):
+    import datasets
+
+    table = pq.read_table(kernelbench_parquet).drop(["source_path"])
+    return datasets.DatasetDict({f"level_{lvl}": datasets.Dataset.from_list(
+        [r for r in table.to_pylist() if r["level"] == lvl]) for lvl in (1, 2, 3, 4)})
+
+
+def test_without_a_local_copy_the_default_is_the_hub_dataset(monkeypatch, tmp_path, kernelbench_parquet):
+    """A clone without ../shared beside it (anyone's clone) and no $OPSYNTH_KERNELBENCH: the default
+    settings load the Hub dataset through `datasets` (which caches it). Faked here: no download."""
+    import datasets
+
+    calls = []
+    splits = _hub_splits(kernelbench_parquet)
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, *a, **k: calls.append(name) or splits)
+    monkeypatch.delenv("OPSYNTH_KERNELBENCH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    index = KernelBenchIndex.from_config(DedupConfig())
+    assert calls == ["ScalingIntelligence/KernelBench"]
+    assert len(index.problems) == 270
+
+
+def test_a_local_copy_is_found_before_the_hub(monkeypatch, tmp_path, kernelbench_parquet):
+    """../shared/kernelbench/kernelbench.parquet beside the working folder, or $OPSYNTH_KERNELBENCH,
+    is read without being asked for; the Hub is then never called."""
+    import datasets
+
+    def no_hub(*a, **k):
+        raise AssertionError("the Hub must not be asked when a local copy is there")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    monkeypatch.delenv("OPSYNTH_KERNELBENCH", raising=False)
+    (tmp_path / "shared" / "kernelbench").mkdir(parents=True)
+    (tmp_path / "shared" / "kernelbench" / "kernelbench.parquet").symlink_to(kernelbench_parquet)
+    (tmp_path / "clone").mkdir()
+    monkeypatch.chdir(tmp_path / "clone")
+    assert len(load_kernelbench()) == 270
+    monkeypatch.chdir(tmp_path)  # nothing beside: the variable
+    monkeypatch.setenv("OPSYNTH_KERNELBENCH", str(kernelbench_parquet))
+    assert len(load_kernelbench()) == 270
+    monkeypatch.setenv("OPSYNTH_KERNELBENCH", str(tmp_path / "gone.parquet"))  # set, but wrong: said so
+    with pytest.raises(KernelBenchUnavailable, match="OPSYNTH_KERNELBENCH="):
+        load_kernelbench()
+
+
+def test_offline_without_any_copy_says_how_to_point_at_one(monkeypatch, tmp_path):
+    import datasets
+
+    def offline(*a, **k):
+        raise ConnectionError("Couldn't reach 'ScalingIntelligence/KernelBench' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.delenv("OPSYNTH_KERNELBENCH", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KernelBenchUnavailable) as err:
+        load_kernelbench()
+    msg = str(err.value)
+    assert "\n" not in msg and "dedup.kb_path=/path/to/kernelbench.parquet" in msg and "HF_HUB_OFFLINE=1" in msg
 
 
 def test_config_yaml_matches_the_dataclass():

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from pipeline_cli import FAST, REPO, generate_cmd, run_env, run_generate, wait_gone
@@ -17,8 +18,10 @@ from pipeline_cli import FAST, REPO, generate_cmd, run_env, run_generate, wait_g
 from opsynth.shards import count_rows, read_rows
 
 
-def _start(cmd, env) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(cmd, env, cwd=REPO) -> subprocess.Popen:
+    # own session: a case that does not stop (the bug it pins) is killed with all it started
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 # name -> (overrides, texts the error line must hold); output_dir is set per case
@@ -30,7 +33,34 @@ CASES = {
     # verify=auto's YAML does not list max_tasks_per_worker: it passes; n_tasks=0 is what stops the run
     "unlisted_dataclass_key_passes": (["verify=auto", "verify.max_tasks_per_worker=5", "n_tasks=0"],
                                       ["invalid configuration: n_tasks must be >= 1"]),
+    # Settings that used to start the run and fail candidate after candidate (or hang):
+    "zero_timeout": (["verify.timeout_s=0"], ["verify.timeout_s must be > 0"]),
+    "cuda_without_a_gpu": (["verify=cuda"], ["verify=cuda", "no GPU", "verify=cpu"]),
+    "unknown_compile_backend": (["verify.compile_backend=foo"], ["verify.compile_backend='foo'",
+                                                                 "not a torch.compile backend", "inductor"]),
+    "unwritable_output_dir": ([], ["output_dir=/proc/opsynth-x", "cannot write in /proc"]),
+    # the user's own README.md in output_dir would be replaced by the dataset card
+    "users_readme_in_output_dir": ([], ["holds a README.md that is not an opsynth dataset card"]),
+    # a clone without ../shared beside it, offline, nothing cached: how to point at a local copy
+    "kernelbench_offline_without_a_copy": ([], ["KernelBench reference", "HF_HUB_OFFLINE=1",
+                                                "dedup.kb_path=/path/to/kernelbench.parquet"]),
 }
+STOPS_WITHIN_S = 120  # a torch import on a loaded 2-core machine, many cases at once; not a run
+USERS_README = "# my notes\n\nnot a dataset card\n"
+
+
+def _case_env(name, root, kernelbench_parquet) -> tuple[dict, str]:
+    """(environment, working folder) of a case: the repository with the reference, as the other
+    tests run; the offline case from a folder with no ../shared beside it and an empty HF cache."""
+    env = run_env(kernelbench_parquet)
+    if name == "cuda_without_a_gpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, also on a GPU machine
+    if name != "kernelbench_offline_without_a_copy":
+        return env, str(REPO)
+    env.pop("OPSYNTH_KERNELBENCH")
+    env.update(HF_HOME=str(root / "hf-empty"), PYTHONPATH=str(REPO))
+    (root / "elsewhere").mkdir()
+    return env, str(root / "elsewhere")
 
 
 @pytest.fixture(scope="module")
@@ -42,25 +72,42 @@ def results(tmp_path_factory, kernelbench_parquet):
         out = root / name
         if name == "output_dir_is_a_file":
             out.write_text("not a folder\n")
-        procs[name] = (_start(generate_cmd(out, *overrides), run_env(kernelbench_parquet)), out)
+        if name == "unwritable_output_dir":
+            out = Path("/proc/opsynth-x")
+        if name == "users_readme_in_output_dir":
+            out.mkdir()
+            (out / "README.md").write_text(USERS_README)
+        env, cwd = _case_env(name, root, kernelbench_parquet)
+        cmd = generate_cmd(out, *overrides)
+        if name == "unwritable_output_dir":
+            cmd = [c if not c.startswith("hydra.run.dir=") else f"hydra.run.dir={root / 'proc-hydra'}" for c in cmd]
+        procs[name] = (_start(cmd, env, cwd), out, time.monotonic())
     done = {}
-    for name, (proc, out) in procs.items():
-        stdout, stderr = proc.communicate(timeout=180)
-        done[name] = (proc, stdout, stderr, out)
+    deadline = time.monotonic() + STOPS_WITHIN_S + 60  # one deadline for all: a hung case costs it once
+    for name, (proc, out, t0) in procs.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        done[name] = (proc, stdout, stderr, out, time.monotonic() - t0)
     return done
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_usage_error_is_one_line_naming_the_setting_exit_2(results, name):
-    proc, stdout, stderr, out = results[name]
-    assert proc.returncode == 2, (name, stdout, stderr)
+    proc, stdout, stderr, out, seconds = results[name]
+    assert proc.returncode == 2, (name, stdout, stderr[-3000:])
     assert "Traceback" not in stdout + stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr[-3000:]
     for text in CASES[name][1]:
         assert text in lines[0], (name, lines[0])
+    assert seconds < STOPS_WITHIN_S, f"{name}: stopped after {seconds:.0f} s, not before the work started"
     if name == "output_dir_is_a_file":
         assert str(out) in lines[0] and out.read_text() == "not a folder\n"
+    elif name == "users_readme_in_output_dir":
+        assert (out / "README.md").read_text() == USERS_README and sorted(os.listdir(out)) == ["README.md"]
     else:
         assert not out.exists(), "nothing is written for a bad setting"
 
@@ -114,7 +161,8 @@ def test_a_first_run_prints_only_what_the_user_needs_and_a_rerun_writes_nothing(
 
     again = run_generate(generate_cmd(out, "n_tasks=2", *FAST), env, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert "nothing to generate" in again.stdout + again.stderr  # Hydra's console log is stdout
+    assert "nothing to generate" in again.stderr  # log lines go to stderr, stdout is the summary alone
+    assert json.loads(again.stdout)["accepted"] == 2
     assert "wrote" not in again.stdout + again.stderr
 
     # Sampled transformers modules built standalone (seed 4: OPTAttention without layer_idx, then

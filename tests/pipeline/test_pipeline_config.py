@@ -45,7 +45,7 @@ def test_defaults_are_the_embedded_local_run():
     cfg = generate_config(_compose())
     assert (cfg.cluster.kind, cfg.verify.device, cfg.sampler.scale) == ("local", "auto", None)
     assert cfg.verify.compile_backend == "inductor"  # what the dataset promises
-    assert cfg.dedup.kb_path  # offline: the shared KernelBench file, no download
+    assert cfg.dedup.kb_path is None  # a local copy when one is found, else the Hub dataset (cached)
     small = generate_config(_compose("sampler=small"))
     assert small.sampler.scale == 0.1
 

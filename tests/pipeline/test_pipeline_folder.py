@@ -174,6 +174,51 @@ def test_the_cli_refuses_a_damaged_folder_with_exit_2_and_no_traceback(made, ker
     assert f"data/{victim.name} is unreadable" in line and "repair=true" in line
 
 
+def test_a_folder_whose_state_file_was_deleted_resumes_from_its_rows(tmp_path, made, reference, fake):
+    """Not `"accepted": 0` beside the rows it holds: the state is rebuilt from the rows' seeds, the
+    counts are the rows, and a larger n_tasks gives the rows of an uninterrupted run."""
+    (made / pipeline.STATE_FILE).unlink()
+    calls_before = len(fake.calls())
+    got = _run(_config(made))
+    assert len(fake.calls()) == calls_before  # complete: nothing ran again
+    _assert_counts_match_files(made, got, N)
+    assert read_rows(made) == reference[0]
+    more = _run(_config(made, n=N + 3))
+    want = _run(_config(tmp_path / "ref13", n=N + 3))
+    assert read_rows(made) == read_rows(tmp_path / "ref13")
+    _assert_counts_match_files(made, more, N + 3)
+    assert more["accepted"] == want["accepted"] == N + 3
+
+
+def test_rows_of_another_seed_without_a_state_file_are_refused(made, fake):
+    (made / pipeline.STATE_FILE).unlink()
+    with pytest.raises(pipeline.DatasetFolderError, match="not candidates of seed=3"):
+        _run(_config(made, seed=3))
+
+
+def _cli_on_finished_folder(made, kernelbench):
+    cmd = generate_cmd(made, f"n_tasks={N}", f"rows_per_shard={ROWS_PER_SHARD}", "progress=false",
+                       "cluster=scheduler", "cluster.address=tcp://127.0.0.1:9")  # no cluster may be needed
+    return run_generate(cmd, run_env(kernelbench), timeout=300)
+
+
+def test_the_cli_says_what_a_folder_without_its_state_file_holds(made, kernelbench):
+    (made / pipeline.STATE_FILE).unlink()
+    proc = _cli_on_finished_folder(made, kernelbench)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["accepted"] == N, summary
+    assert f"rebuilt it from its {N} rows" in proc.stderr
+
+
+def test_log_lines_go_to_stderr_and_stdout_holds_only_the_summary(made, kernelbench):
+    """`generate ... > summary.json` gives a JSON file: Hydra's console log (INFO, WARNING) is stderr."""
+    proc = _cli_on_finished_folder(made, kernelbench)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["accepted"] == N  # the whole of stdout is one JSON object
+    assert "nothing to generate" in proc.stderr
+
+
 def read_rows_of_file(path):
     import pyarrow.parquet as pq
 

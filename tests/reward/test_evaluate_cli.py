@@ -69,3 +69,32 @@ def test_an_evaluator_that_cannot_confine_children_refuses_in_one_line(tmp_path)
                        capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
     _one_line_error(p, "cannot sandbox", "libseccomp", "reward.isolation=none")
     assert not (tmp_path / "c" / "ext").exists() or not any((tmp_path / "c" / "ext").iterdir())
+
+
+def test_a_candidates_try_except_fallback_is_its_verdict_not_the_tasks_failure(tmp_path):
+    """`fallback` is a verdict on the program (reward -1, exit 0); only the task's own failures
+    (task_*) are the caller's error. (Its reason used to be `reference_fallback`, which the command
+    took for "the task does not run".)"""
+    c = tmp_path / "fallback.py"
+    c.write_text((REPO / "tests" / "reward" / "candidates" / "cpu" / "ext_prelude.py").read_text() + "\n"
+                 + (REPO / "tests" / "reward" / "candidates" / "cpu" / "fallback.py").read_text())
+    p = _run(f"task={CHAIN}", f"candidate={c}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "error:" not in p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["reward"] == -1 and out["reason"] == "fallback", out
+
+
+def test_reward_device_cuda_without_a_gpu_is_said_in_one_line(tmp_path):
+    """Not reward -1 `crashed` for every candidate: the setting cannot work on this machine."""
+    import os
+
+    c = tmp_path / "fast.py"
+    c.write_text((REPO / "tests" / "reward" / "candidates" / "cpu" / "ext_prelude.py").read_text() + "\n"
+                 + (REPO / "tests" / "reward" / "candidates" / "cpu" / "fast.py").read_text())
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, also on a GPU machine
+    p = subprocess.run([sys.executable, "-m", "pipelines.evaluate", f"task={CHAIN}", f"candidate={c}",
+                        "reward.device=cuda", f"hydra.run.dir={tmp_path / 'hydra'}"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    _one_line_error(p, "reward.device=cuda", "no GPU")
+    assert p.stdout.strip() == ""

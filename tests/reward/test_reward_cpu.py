@@ -136,7 +136,7 @@ def test_linear_candidate(linear_results, name):
 
 def test_static_precheck_rejects_without_running(reward_cache):
     cfg = _cfg(reward_cache, static_check=True)
-    for name, reason in [("thread", "side_stream"), ("subclass_model", "uses_model"), ("fallback", "reference_fallback")]:
+    for name, reason in [("thread", "side_stream"), ("subclass_model", "uses_model"), ("fallback", "fallback")]:
         r = evaluate(CHAIN, cpu_candidate(name), cfg)
         assert r.reward == -1 and r.reason == reason
         assert r.times.get("candidate_ms") is None

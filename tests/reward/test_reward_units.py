@@ -58,7 +58,7 @@ STATIC_EXPECT = {
     "wrong": "ok",
     "functional": "forbidden_op:F.relu",
     "torch_compute": "forbidden_op:torch.abs",
-    "fallback": "reference_fallback",
+    "fallback": "fallback",
     "subclass_model": "uses_model",
     "thread": "side_stream",
     "timer_patch": "timer_patched",
@@ -178,3 +178,187 @@ def test_training_keeps_the_rewards_build_workers_unless_told():
     # Without prebuild candidates build inside the measuring children, so those are what reward_workers bounds.
     assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"device": "cuda", "prebuild": False})).measure_workers == 3
     assert reward_env_config(TrainSettings(shards=".", reward_workers=3, reward_env={"device": "cpu"})).measure_workers is None
+
+
+# ---- the reward rule as the defaults apply it ----------------------------------------------------
+# Each test below fails when one number or branch of the rule changes (mutation testing found these
+# unpinned): the 5 % margin, 2 only for beating eager, the forbidden modules, the sandbox's own
+# check, atol = rtol = 1e-2 and five input sets.
+
+def test_faster_means_more_than_five_percent_with_the_default_margin():
+    margin = RewardConfig().margin
+    assert reward_from_times(0.96, 1.0, 1.0, margin) == 1  # 4 % faster than both: not faster
+    assert reward_from_times(0.97, 1.0, 0.5, margin) == 1
+    assert reward_from_times(0.94, 1.0, 1.0, margin) == 3  # 6 %: faster than both
+    assert reward_from_times(0.94, 1.0, 0.5, margin) == 2
+
+
+def test_beating_only_torch_compile_is_not_reward_2():
+    """2 means faster than eager; a candidate slower than eager but faster than a slow compiled
+    baseline (compile can lose to eager on small tasks) is merely correct."""
+    assert reward_from_times(0.9, 0.5, 1.0) == 1
+    assert reward_from_times(0.9, 0.5, None) == 1
+    assert reward_from_times(0.4, 0.5, 1.0) == 3
+
+
+@pytest.mark.parametrize("line", ["import ctypes", "import ctypes.util", "from ctypes import CDLL",
+                                  "import cffi", "import gc", "import inspect", "import importlib",
+                                  "import builtins", "import subprocess", "import socket", "import signal",
+                                  "import torch._C", "from torch._dynamo import optimize",
+                                  "import torch._inductor", "import torch.fx", "from torch.overrides import TorchFunctionMode"])
+def test_the_modules_the_brief_forbids_are_refused(line):
+    """Every module the brief names (reasons.RULES["forbidden_imports"]) is refused by name; ctypes
+    above all, which would let a program call into libc or patch the harness's memory."""
+    spec = resolve_candidate(line + "\n" + cpu_candidate("fast"))
+    reason = static_check(spec)[0]
+    mod = line.split()[1]
+    assert reason == f"forbidden_import:{mod}", (line, reason)
+
+
+def test_fast_candidate_without_forbidden_imports_passes_the_import_check():  # control for the test above
+    assert static_check(resolve_candidate(cpu_candidate("fast")))[0] == "ok"
+
+
+def _enter_in_child(confine_mounts) -> str:
+    """`isolation.enter` in a forked child with `_confine_mounts` replaced; what it said."""
+    import os
+    import tempfile
+
+    from opsynth.runtime import isolation
+
+    scratch = tempfile.mkdtemp(prefix="opsynth_iso_test_")
+    guarded = tempfile.mkdtemp(prefix="opsynth_iso_guarded_")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        try:
+            if confine_mounts is not None:
+                isolation._confine_mounts = confine_mounts
+            isolation.enter([scratch], must_not_write=[guarded])
+            msg = "entered"
+        except BaseException as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {e}"
+        os.write(w, msg.encode()[:500])
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        msg = f.read()
+    os.waitpid(pid, 0)
+    os.rmdir(scratch)
+    os.rmdir(guarded)
+    return msg
+
+
+def test_the_sandbox_refuses_to_run_when_a_guarded_folder_is_still_writable():
+    """`isolation.enter` checks its own work: when the read-only remount silently did not happen
+    (here: replaced by a no-op), it raises instead of running untrusted code."""
+    from opsynth.runtime.isolation import probe
+
+    ok, why = probe()
+    if not ok:
+        pytest.skip(f"namespaces are not available here: {why}")
+    assert _enter_in_child(None) == "entered"  # control: the real confinement passes its own check
+    said = _enter_in_child(lambda writable, hidden: None)
+    assert said.startswith("IsolationError") and "still writable" in said, said
+
+
+def test_default_tolerance_is_atol_rtol_1e_2():
+    """An error of 3e-2 on unit-scale outputs fails at atol = rtol = 1e-2 (it is 'low_precision':
+    within 10x); 5e-3 passes."""
+    g = torch.Generator().manual_seed(1)
+    refs = [[torch.randn(64, 64, generator=g)] for _ in range(2)]
+    assert _judge(refs, [[r[0] + 5e-3] for r in refs]) == "ok"
+    assert _judge(refs, [[r[0] + 3e-2] for r in refs]) == "low_precision"
+    # rtol alone: a 3 % relative error on values far above atol
+    big = [[r[0].sign() * (r[0].abs() + 10.0)] for r in refs]
+    assert _judge(big, [[r[0] * 1.003] for r in big]) == "ok"
+    assert _judge(big, [[r[0] * 1.03] for r in big]) == "low_precision"
+
+
+def test_each_evaluation_draws_five_fresh_input_sets(monkeypatch, tmp_path):
+    """The reference child is asked for num_trials (5) input sets, each from its own fresh seed."""
+    import importlib
+
+    from opsynth.runtime import sandbox
+
+    ev = importlib.import_module("opsynth.reward.evaluate")  # the module (the package exports the function)
+
+    jobs = []
+
+    def fake_run_child(module, job, scratch, timeout, cfg, **kw):
+        jobs.append(job)
+        return sandbox.ChildResult("crashed", {}, "", 0.0)
+
+    monkeypatch.setattr(sandbox, "run_child", fake_run_child)
+    task = (CANDS / "tasks" / "chain.py").read_text()
+    for _ in range(2):
+        ref = ev._prepare_reference(task, RewardConfig(device="cpu", cache_dir=str(tmp_path)), "cpu")
+        assert not ref.ok
+    seeds = [job["trial_seeds"] for job in jobs]
+    assert [len(s) for s in seeds] == [5, 5]
+    assert len(set(seeds[0]) | set(seeds[1])) == 10  # fresh every time, none repeated
+
+
+def test_every_verdict_records_the_settings_it_was_reached_with():
+    """The feedback turn quotes these (input sets, tolerance, margin), not fixed numbers."""
+    from opsynth.reward.evaluate import evaluate_many
+
+    cfg = RewardConfig(device="cpu", atol=5e-2, rtol=2e-2, num_trials=3, margin=0.9)
+    (res,) = evaluate_many([("x = 1\n", "no code here")], cfg)
+    assert res.reason == "no_code"
+    assert res.details["settings"] == {"num_trials": 3, "atol": 5e-2, "rtol": 2e-2, "margin": 0.9}
+
+
+# ---- the build cache's key ---------------------------------------------------------------------
+
+def _workspace_request(folder: Path, monkeypatch) -> dict:
+    """The build request a workspace candidate's child sends (the runner's own load path, with the
+    trusted side replaced by a recorder)."""
+    import shutil
+    import sys
+
+    import torch.utils.cpp_extension as ce
+
+    from opsynth.reward import candidate_runner, guards
+
+    monkeypatch.setattr(ce, "load", ce.load)  # restored after the test: install() patches both
+    monkeypatch.setattr(ce, "load_inline", ce.load_inline)
+    ws = folder / "scratch"
+    shutil.copytree(CANDS / "cpu_workspace", ws)
+    sent = []
+
+    class Recorder(guards.ExtensionTracker):
+        def _build(self, req, is_python_module):
+            sent.append(req)
+            raise RuntimeError("recorded")
+
+    tracker = Recorder(guards.OpAudit(), None)
+    tracker.install()
+    path = list(sys.path)
+    try:
+        with pytest.raises(candidate_runner.Reject):
+            candidate_runner._load_candidate({"candidate_path": str(ws / "model_new.py"), "workspace": True}, tracker)
+    finally:
+        sys.path[:] = path
+    (req,) = sent
+    return req
+
+
+def test_a_workspace_candidate_gets_the_same_build_key_from_any_scratch_folder(tmp_path, monkeypatch):
+    """Its kernels/ folder is an include path, under a fresh scratch folder on every evaluation: the
+    key must follow the files' text, not that path, or the same workspace is rebuilt every run."""
+    from opsynth.reward.builds import BuildService
+
+    svc = BuildService(RewardConfig(device="cpu", cache_dir=str(tmp_path / "cache"), ccache="false"), "cpu")
+    first = _workspace_request(tmp_path / "a", monkeypatch)
+    second = _workspace_request(tmp_path / "b", monkeypatch)
+    assert first["args"]["extra_include_paths"] != second["args"]["extra_include_paths"]  # two scratch folders
+    key = lambda req: svc.key(BuildService.normalise(req))  # noqa: E731
+    assert key(first) == key(second)
+    # control: other text is another key, and so is an include folder holding a header that did not travel
+    changed = dict(second, files={**second["files"], "chain.cpp": second["files"]["chain.cpp"] + "\n// edit\n"})
+    assert key(changed) != key(second)
+    extra = Path(second["args"]["extra_include_paths"][0])
+    (extra / "secret.h").write_text("#define X 1\n")
+    assert key(second) != key(first)

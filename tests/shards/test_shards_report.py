@@ -108,6 +108,44 @@ def test_progress_bar_shows_accepted_rejected_and_rate():
     assert "rejected=1" in text and "accept_rate=75%" in text and "cand/min=" in text
 
 
+def test_progress_redirected_to_a_file_is_whole_lines_and_a_terminal_gets_the_bar():
+    """`generate ... 2> run.log`: one line per update worth saying, no `\r`-joined redraws."""
+    import io
+
+    from opsynth.shards.progress import RunProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream in (io.StringIO(), Terminal()):
+        stats = RunStats()
+        with RunProgress(stats, total=4, file=stream, disable=False, mininterval=0, line_interval_s=0) as bar:
+            for _ in range(4):
+                stats.accept()
+                bar.update()
+        text = stream.getvalue()
+        if isinstance(stream, Terminal):
+            assert "\r" in text and "4/4" in text  # tqdm's bar, redrawn in place
+        else:
+            lines = text.splitlines()
+            assert "\r" not in text and lines[0].startswith("accepted 0/4 ") and lines[-1].startswith("accepted 4/4 ")
+            assert len(lines) == 5, lines  # the start and each change, each once
+
+
+def test_the_runtime_plots_name_the_compile_backend_that_timed_them(tmp_path):
+    import numpy as np
+
+    from opsynth.shards.report import _plot_runtimes, _plot_speedup
+
+    eager = np.array([0.5, 1.0, 2.0])
+    th = {"verify_device": "cpu", "eager_ms_min": 0.05, "eager_ms_max": 100.0, "compile_backend": "aot_eager"}
+    ax = _plot_runtimes(eager, eager * 1.2, th, tmp_path / "runtimes.png").axes[0]
+    assert "torch.compile (aot_eager)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    ax = _plot_speedup(eager / (eager * 1.2), tmp_path / "speedup.png", th).axes[0]
+    assert ax.get_title() == "torch.compile (aot_eager) speedup over eager"
+
+
 def _tick_labels(axis) -> list[str]:
     return [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
 

@@ -28,7 +28,7 @@ def _strings(node) -> set[str]:
         return {node.value}
     if isinstance(node, ast.IfExp):
         return _strings(node.body) | _strings(node.orelse)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # "reference_" + res.reason
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # "task_" + res.reason
         return {s + "*" for s in _strings(node.left)}
     if isinstance(node, ast.JoinedStr):
         heads = {""}
@@ -80,7 +80,7 @@ def reasons_in_source() -> dict[str, str]:
 
 
 def _covered(s: str) -> bool:
-    if s.endswith("*"):  # a prefix: "forbidden_op:" + name, "reference_" + reason
+    if s.endswith("*"):  # a prefix: "forbidden_op:" + name, "task_" + reason
         s = s[:-1]
         return s in REASONS or (s.endswith(":") and s[:-1] in REASONS)
     return lookup(s)[1] is not None
@@ -90,7 +90,7 @@ def test_every_reason_in_the_reward_source_is_in_the_table():
     found = reasons_in_source()
     # The collector itself must see the environment's verdicts, or this test would pass on nothing.
     for known in ("ok", "no_code", "build_error", "incorrect", "side_stream", "input_mutated", "uninitialized_output",
-                  "timeout", "output_cached", "shape_hardcoded", "forbidden_op:*", "reference_*", "timer_patched:*"):
+                  "timeout", "output_cached", "shape_hardcoded", "forbidden_op:*", "task_*", "timer_patched:*"):
         assert known in found, (known, sorted(found))
     assert len(found) >= 30, sorted(found)
     missing = {s: where for s, where in found.items() if not _covered(s)}
@@ -117,7 +117,8 @@ def test_every_rule_is_told_in_the_brief_and_every_reason_names_one():
 def test_lookup_resolves_details_and_prefixes():
     assert lookup("forbidden_op:aten.relu")[0::2] == ("forbidden_op:", "aten.relu")
     assert lookup("timer_patched:time.perf_counter")[0] == "timer_patched"
-    assert lookup("reference_timeout")[0::2] == ("reference_", "timeout")
+    assert lookup("task_timeout")[0::2] == ("task_", "timeout")
+    assert lookup("task_error")[0] == "task_error"
     assert lookup("no_such_reason")[1] is None
 
 
@@ -131,3 +132,16 @@ def test_feedback_quotes_the_rule_of_every_rejecting_reason():
         text = format_feedback(EvalResult.rejected(reason, "detail"))
         assert RULES[entry.rule] in text, name
         assert reason in text and entry.what in text, name
+
+
+def test_the_tasks_failures_and_the_programs_verdicts_cannot_collide():
+    """The evaluate command tells "the task does not run" (exit 2) from a verdict on the program
+    (reward -1) by the table's kind; the names keep the two apart too: every environment reason is
+    task_*, and no verdict on a program is, so a prefix test can never take one for the other."""
+    for name, entry in REASONS.items():
+        assert (entry.kind == "environment") == name.startswith("task_"), name
+    assert lookup("fallback")[1].kind == "anti_hacking"
+    # Names written by older runs (metrics, JSON) still resolve, to the same entries as the new ones.
+    assert lookup("reference_fallback")[0] == "fallback"
+    assert lookup("reference_timeout")[0::2] == ("task_", "timeout")
+    assert lookup("reference_task_error")[0] == "task_error"

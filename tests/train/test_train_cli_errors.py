@@ -21,6 +21,8 @@ CASES = {
     "unknown_trainer_key": (["shards={tmp}", "++trainer.group_size=8"], ["invalid configuration",
                                                                          "GRPOConfig has no field(s) ['group_size']"]),
     "bad_episode_reward": (["shards={tmp}", "episode_reward=mean"], ["invalid configuration", "episode_reward"]),
+    # (CUDA_VISIBLE_DEVICES is emptied for this case: no GPU, also on a GPU machine)
+    "reward_on_cuda_without_a_gpu": (["shards={tmp}", "++reward_env.device=cuda"], ["reward.device=cuda", "no GPU"]),
 }
 
 
@@ -33,7 +35,8 @@ def results(tmp_path_factory):
         tmp = root / name
         tmp.mkdir()
         args = [o.format(tmp=tmp) for o in overrides] + [f"output_dir={tmp}/out", f"hydra.run.dir={tmp}/hydra"]
-        procs[name] = (subprocess.Popen([sys.executable, "-m", "pipelines.train", *args], cwd=REPO, env=env,
+        case_env = {**env, "CUDA_VISIBLE_DEVICES": ""} if name == "reward_on_cuda_without_a_gpu" else env
+        procs[name] = (subprocess.Popen([sys.executable, "-m", "pipelines.train", *args], cwd=REPO, env=case_env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), tmp)
     done = {}
     for name, (proc, tmp) in procs.items():
@@ -86,3 +89,37 @@ def test_ctrl_c_during_training_says_where_the_checkpoints_are_exit_130(tmp_path
     assert stderr.strip().splitlines()[-1] == (f"interrupted: the checkpoints saved so far are in {out}; "
                                                "the same command with resume=true continues from the newest one")
     assert (out / "checkpoint-1").is_dir()
+
+
+def test_the_default_output_dir_is_not_where_hydra_writes_its_log_folders():
+    """Hydra writes each train command's log folder under hydra.run.dir's parent; the default
+    output_dir must not be that folder (nor inside it), or a second run mixes with the first."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "train.yaml"), resolve=False)
+    logs_root = Path(raw["hydra"]["run"]["dir"].split("${", 1)[0]).resolve()
+    out = Path(raw["output_dir"]).resolve()
+    assert out != logs_root and logs_root not in out.parents and out not in logs_root.parents, (out, logs_root)
+    from opsynth.train.trainer import TrainSettings
+
+    assert TrainSettings(shards=".").output_dir == raw["output_dir"]
+
+
+def test_a_fresh_run_in_a_folder_holding_an_earlier_run_is_refused_in_one_line(tmp_path):
+    from opsynth.train.bandit import task_source, write_task_shards
+
+    shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=4)
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-m", "pipelines.train", f"shards={shards}", f"output_dir={out}",
+                        f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2, (p.stdout[-2000:], p.stderr[-2000:])
+    assert "Traceback" not in p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr[-2000:]
+    assert f"output_dir={out} holds an earlier training run (checkpoint-2, metrics.jsonl)" in lines[0]
+    assert "resume=true" in lines[0]
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "metrics.jsonl"]  # nothing written, no policy built

@@ -64,3 +64,12 @@ def test_prompt_carries_task_and_rules():
     assert rec["prompt"][0]["role"] == "user" and KERNEL_BRIEF in rec["prompt"][0]["content"]
     assert rec["task_code"] == code
     assert completion_text([{"role": "assistant", "content": "hi"}]) == "hi"
+
+
+def test_the_brief_states_the_tolerance_and_margin_the_reward_applies():
+    from opsynth.train.prompts import kernel_brief
+
+    assert kernel_brief() == KERNEL_BRIEF  # the defaults: the table's own words
+    brief = kernel_brief({"atol": 5e-2, "rtol": 5e-2, "margin": 0.9})
+    assert "within atol = rtol = 0.05" in brief and "more than 10% faster than eager" in brief
+    assert "1e-2" not in brief and "5%" not in brief

@@ -99,10 +99,26 @@ def test_timed_feedback_gives_the_timings_the_kernels_and_the_target():
     assert "To score 2, get under 3.8 ms" in text
 
 
+def test_feedback_quotes_the_settings_the_verdict_was_reached_with():
+    """Not a fixed "of 5 random input sets" / "atol = rtol = 1e-2" / "5%": the environment records
+    its settings with every verdict (details["settings"]) and the feedback says those."""
+    settings = {"num_trials": 2, "atol": 5e-2, "rtol": 2e-2, "margin": 0.9}
+    text = format_feedback(_result("incorrect", log=INCORRECT_LOG, details={"settings": settings}))
+    assert "on input set 2 (of 2 random input sets)" in text, text
+    assert "atol = 0.05, rtol = 0.02" in text and "1e-2" not in text and "of 5 " not in text, text
+    text = format_feedback(_result("ok", reward=1, times={"candidate_ms": 5.0, "eager_ms": 4.0},
+                                   details={"settings": settings}))
+    assert "To score 2, get under 3.6 ms (more than 10% faster than eager PyTorch)" in text, text
+    assert "5%" not in text
+    # Without recorded settings: the environment's defaults, in the table's own words.
+    text = format_feedback(_result("incorrect", log=INCORRECT_LOG))
+    assert "(of 5 random input sets)" in text and "atol = rtol = 1e-2" in text and RULES["match"] in text
+
+
 def test_no_code_and_environment_failures_are_worded_for_what_they_are():
     text = format_feedback(_result("no_code"))
     assert RULES["format"] in text
-    text = format_feedback(_result("reference_timeout", log="[sandbox] killed after 600 s"))
+    text = format_feedback(_result("task_timeout", log="[sandbox] killed after 600 s"))
     assert "not your program's" in text and "killed after 600 s" in text
 
 
