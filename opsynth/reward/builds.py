@@ -179,34 +179,6 @@ def tu_hit_counts(before: dict, after: dict) -> tuple[int, int]:
     return hits, hits + misses
 
 
-SHIPPED_INCLUDE = "<the sources' own folder>"
-
-
-def _content_only(req: dict) -> dict:
-    """The request as far as it decides the library: an include path that only points at the
-    sources' own folder (a workspace's kernels/, under the candidate's fresh scratch folder each
-    run) is named by what it holds, which travels in `files` anyway, not by where it was, so the
-    same workspace gets the same key on every run."""
-    inc = (req.get("args") or {}).get("extra_include_paths")
-    if req.get("kind") != "files" or not inc:
-        return req
-    files = req.get("files") or {}
-    paths = [inc] if isinstance(inc, str) else list(inc)
-    args = dict(req["args"], extra_include_paths=[SHIPPED_INCLUDE if _holds_only(p, files) else p for p in paths])
-    return {**req, "args": args}
-
-
-def _holds_only(folder: str, files: dict) -> bool:
-    """Every source or header in `folder` is one of `files`, with the same text."""
-    try:
-        names = [n for n in os.listdir(folder) if n.endswith((".h", ".hpp", ".cuh", ".cu", ".cpp", ".cc", ".cxx"))]
-        for n in names:
-            with open(os.path.join(folder, n)) as f:
-                if files.get(n) != f.read():
-                    return False
-    except (OSError, UnicodeDecodeError):
-        return False
-    return True
 
 
 class BuildService:
@@ -272,7 +244,7 @@ class BuildService:
         return "opsx_" + _h(cpp)[:16]
 
     def key(self, req: dict) -> str:
-        return _h({"req": _content_only(req), "build_name": self.build_name(req), "tools": self._tool_key()})[:32]
+        return _h({"req": req, "build_name": self.build_name(req), "tools": self._tool_key()})[:32]
 
     # -- PCH --------------------------------------------------------------------------------------
 

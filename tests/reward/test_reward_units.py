@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import pytest
 import torch
 
@@ -312,7 +314,7 @@ def test_every_verdict_records_the_settings_it_was_reached_with():
 
 # ---- the build cache's key ---------------------------------------------------------------------
 
-def _workspace_request(folder: Path, monkeypatch) -> dict:
+def _workspace_request(folder: Path, monkeypatch, extra_header: str = "") -> dict:
     """The build request a workspace candidate's child sends (the runner's own load path, with the
     trusted side replaced by a recorder)."""
     import shutil
@@ -326,6 +328,9 @@ def _workspace_request(folder: Path, monkeypatch) -> dict:
     monkeypatch.setattr(ce, "load_inline", ce.load_inline)
     ws = folder / "scratch"
     shutil.copytree(CANDS / "cpu_workspace", ws)
+    if extra_header:
+        (ws / "kernels" / "extra.h").write_text(extra_header)
+    monkeypatch.chdir(ws)  # as in the candidate's child: its folder is the working folder
     sent = []
 
     class Recorder(guards.ExtensionTracker):
@@ -353,12 +358,10 @@ def test_a_workspace_candidate_gets_the_same_build_key_from_any_scratch_folder(t
     svc = BuildService(RewardConfig(device="cpu", cache_dir=str(tmp_path / "cache"), ccache="false"), "cpu")
     first = _workspace_request(tmp_path / "a", monkeypatch)
     second = _workspace_request(tmp_path / "b", monkeypatch)
-    assert first["args"]["extra_include_paths"] != second["args"]["extra_include_paths"]  # two scratch folders
+    assert str(tmp_path / "a") not in json.dumps(first) and str(tmp_path / "b") not in json.dumps(second)  # no path travels
     key = lambda req: svc.key(BuildService.normalise(req))  # noqa: E731
     assert key(first) == key(second)
-    # control: other text is another key, and so is an include folder holding a header that did not travel
+    # control: other text is another key, and so is a header in the include folder (it travels as text)
     changed = dict(second, files={**second["files"], "chain.cpp": second["files"]["chain.cpp"] + "\n// edit\n"})
     assert key(changed) != key(second)
-    extra = Path(second["args"]["extra_include_paths"][0])
-    (extra / "secret.h").write_text("#define X 1\n")
-    assert key(second) != key(first)
+    assert key(_workspace_request(tmp_path / "c", monkeypatch, extra_header="#define X 1\n")) != key(first)
