@@ -236,7 +236,7 @@ def measure(job) -> dict:
             if "l2_reset" not in off:
                 held = cstate.persisting_l2_bytes()
                 if held:
-                    raise Reject("l2_persistence", f"{where}: a persisting-L2 set-aside of {held} bytes is in force "
+                    raise Reject("persisting_cache", f"{where}: a persisting-L2 set-aside of {held} bytes is in force "
                                  "(it would keep the working set in L2 across the harness's flush)")
 
         def sync_checked(where: str):

@@ -100,7 +100,7 @@ REASONS: dict[str, Reason] = {
     "incorrect_under_timing": Reason("anti_hacking", "fresh_outputs", "the output of a timed call (each has fresh inputs) differs from `Model`'s for the same inputs"),
     "stale_output": Reason("anti_hacking", "fresh_outputs", "a timed call returned memory it did not write (the previous output, poisoned after it was checked, came back unwritten)"),
     "launch_failed": Reason("build", "launches", "a kernel launch failed (the CUDA runtime reported an error nothing checked)"),
-    "l2_persistence": Reason("anti_hacking", "no_l2_persist", "the program reserved persisting L2 cache, which survives the timer's flush"),
+    "persisting_cache": Reason("anti_hacking", "no_l2_persist", "the program reserved persisting L2 cache, which survives the timer's flush"),
     "implausible_timing": Reason("anti_hacking", "no_patching", "the times the program's process reported are far below what the evaluator's own clock saw"),
     "below_physical_floor": Reason("anti_hacking", "no_patching", "the measured time is below what the device can do (writing the outputs at peak bandwidth), twice"),
     "timing_protocol": Reason("anti_hacking", "no_patching", "the timed calls did not follow the evaluator's protocol (a round out of turn, missing or malformed)"),
