@@ -154,6 +154,8 @@ def measure(job) -> dict:
     snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner, rounds, timed_inputs, cuda_state_mod])
     off = set(job.get("disabled_guards") or ())  # guards switched off, for tests' controls only
     cstate = cuda_state_mod.CudaState() if cuda else None
+    if cstate is not None and not cstate.available:
+        print("[candidate] no CUDA runtime library in this process: launch-error and persisting-L2 checks are off", flush=True)
     init_inputs = torch.load(job["init_path"], weights_only=True)
     base_threads = {t.ident for t in threading.enumerate()}
     _save = torch.save
