@@ -6,8 +6,9 @@ the static pre-check only saves time on the obvious cases.
   C++ extension code calls through the dispatcher, e.g. at::matmul); only creation, view, copy and
   metadata ops are allowed. The extension's own pybind functions never reach the dispatcher.
 - torch.nn.functional and Tensor -> numpy/list escapes raise while armed (CUDA-Agent blocks F).
-- HarnessSnapshot: identities of timers, synchronisation and harness functions, captured before the
-  candidate runs, compared after each phase.
+- HarnessSnapshot: identities of timers, synchronisation and harness functions, the code objects
+  they run and the C pointers behind builtin timers, captured before the candidate runs, compared
+  after each phase.
 - ExtensionTracker: wraps what load_inline / load return so calls into the candidate's compiled
   functions are counted (the CPU "kernel launched" check), and puts builds in a content-addressed dir.
 """

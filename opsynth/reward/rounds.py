@@ -167,7 +167,10 @@ def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg) -> tuple[str
     rounds = ref["rounds"]
     for j in sorted(session.fps):
         r, c = rounds[j], session.fps[j]
-        ok, k, why = fingerprints_match(c, r["fp"], r["scale"])
+        try:
+            ok, k, why = fingerprints_match(c, r["fp"], r["scale"])
+        except (TypeError, ValueError, IndexError) as e:  # the child sent something that is no fingerprint
+            return "timing_protocol", f"timed call {j}: malformed fingerprints ({type(e).__name__})"
         if ok:
             continue
         where = f"timed call {j} (fresh inputs), output {k}: {why}"
