@@ -55,6 +55,7 @@ class _Reference:
     compile_ms: float | None = None
     plan: object = None  # the timed rounds' TimingPlan (opsynth.reward.rounds), shared by its candidates
     overheads: list | None = None  # the reference's rounds: parent ms per round beyond the call's time
+    input_keys: dict | None = None  # the reference's rounds: hash of each round's inputs
     floor_ms: float | None = None  # the physical floor (opsynth.reward.floor)
     flop_bound_ms: float | None = None
 
@@ -160,7 +161,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
 
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
-                      plan=plan, overheads=ref_rounds.overheads(), floor_ms=floor.floor_ms(meta, device),
+                      plan=plan, overheads=ref_rounds.overheads(), input_keys=dict(ref_rounds.keys), floor_ms=floor.floor_ms(meta, device),
                       flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device))
 
 
@@ -259,13 +260,13 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
         return "timing_protocol", rounds.error or "the timed rounds did not finish"
     ran = sorted(rounds.claims)
     fresh = "fresh_inputs" not in off
-    keys = {ref.outputs["rounds"][j]["key"] for j in ran} if fresh else set(range(min(len(ref.outputs["trials"]), len(ran))))
+    keys = {ref.input_keys.get(j) for j in ran} if fresh else set(range(min(len(ref.outputs["trials"]), len(ran))))
     details["timed_input_sets"] = len(keys)
     details["timed_outputs_checked"] = len(ran) if fresh else 0
     details["timed_outputs_compared"] = len(cand.get("rounds_kept") or {}) if fresh else 0
     times["candidate_ms"] = rounds.median(main=True)
     if fresh:
-        verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg)
+        verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.input_keys or {})
         if verdict != "ok":
             return verdict, detail
     if "wall_clock" not in off:

@@ -41,21 +41,20 @@ def _read_plan() -> dict | None:
 
 def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> dict:
     """The reference side of the timed rounds (opsynth.reward.rounds): for every round's fresh
-    inputs, Model's fingerprints, their tolerance and an input key; in full for the kept rounds.
+    inputs, Model's fingerprints and their tolerance; in full for the kept rounds.
     The same code as the candidate's rounds, so the parent's clock sees the same overhead."""
     import torch
 
     from opsynth.reward import sandbox
     from opsynth.reward.guards import poison_fill
     from opsynth.reward.rounds import Channel, run_rounds
-    from opsynth.reward.timed_inputs import input_key, stack_trials, tolerance
+    from opsynth.reward.timed_inputs import stack_trials, tolerance
     from opsynth.verify.timing import Timer
 
     contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
     buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
     stacked = stack_trials(contents)
     scale: dict = {}
-    keys: dict = {}
     current: dict = {}
 
     def check(j, outs):
@@ -64,7 +63,6 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
     def after(outs):
         j = current["j"]
         scale[j] = tolerance(outs, float(plan["atol"]), float(plan["rtol"]))
-        keys[j] = input_key(buffers)
         for o in outs:
             poison_fill(o)  # as the candidate's rounds do
 
@@ -73,7 +71,7 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
     with torch.no_grad():
         kept, fps = run_rounds(model, buffers, stacked, timer, chan, range(len(plan["seeds"])), check_call=check, after_report=after)
     chan.request({"kind": "timing_done"})
-    rounds = [{"fp": fps[j], "scale": scale[j], "key": keys[j]} for j in range(len(plan["seeds"]))]
+    rounds = [{"fp": fps[j], "scale": scale[j]} for j in range(len(plan["seeds"]))]
     return {"rounds": rounds, "round_outputs": kept}
 
 

@@ -80,6 +80,7 @@ class RoundSession:
     claims: dict = field(default_factory=dict)  # round -> claimed ms
     wall: dict = field(default_factory=dict)  # round -> parent ms from seed request to report
     fps: dict = field(default_factory=dict)  # round -> fingerprints
+    keys: dict = field(default_factory=dict)  # round -> hash of the inputs after the call (timed_inputs.input_key)
     next_round: int = 0
     end: int | None = None  # rounds of this child: main, or main + re-measure
     again: int = 0
@@ -115,6 +116,7 @@ class RoundSession:
                 self.claims[j] = float(ms)
                 self.wall[j] = (now - self.started[j]) * 1e3
                 self.fps[j] = fp
+                self.keys[j] = req.get("key")
                 self.next_round += 1
                 return {"ok": True, "keep": j in self.plan.keep}
             if kind == "timing_done":
@@ -154,9 +156,10 @@ def session_handler(session: RoundSession, fallback):
     return handle
 
 
-def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg) -> tuple[str, str]:
-    """('ok', '') or (reason, detail) for the timed rounds: every round's fingerprints against the
-    reference's for the same inputs, the kept rounds in full."""
+def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg, ref_keys: dict) -> tuple[str, str]:
+    """('ok', '') or (reason, detail) for the timed rounds: the inputs after each call against the
+    reference's (unchanged), every round's fingerprints against the reference's for the same
+    inputs, the kept rounds in full."""
     from opsynth.reward.compare import _cmp_list
     from opsynth.reward.timed_inputs import fingerprints_match
 
@@ -166,6 +169,8 @@ def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg) -> tuple[str
         return "timing_protocol", f"the timed rounds did not finish ({session.next_round} reported)"
     rounds = ref["rounds"]
     for j in sorted(session.fps):
+        if session.keys.get(j) != ref_keys.get(j):
+            return "input_mutated", f"timed call {j}: forward modified its input in place"
         r, c = rounds[j], session.fps[j]
         try:
             ok, k, why = fingerprints_match(c, r["fp"], r["scale"])
@@ -235,11 +240,11 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, rounds, *
                trials: list | None = None, before_call=None, check_call=None, after_report=None) -> dict:
     """Run timed rounds in a child (reference or candidate, the same code): ask the parent for each
     round's seed, make its inputs, time the call, check it (`check_call(j, outs)`, may raise),
-    fingerprint and report it, keep its outputs on the CPU when told, then `after_report(outs)`.
+    fingerprint it and its inputs (changed in place?) and report them, keep its outputs on the CPU when told, then `after_report(outs)`.
     With `fresh` False (a guard switched off, for tests) the rounds cycle the trial inputs instead.
     Returns ({round: outputs} of the kept rounds, {round: fingerprints})."""
     from opsynth.reward.compare import as_output_list
-    from opsynth.reward.timed_inputs import fingerprint, fresh_inputs
+    from opsynth.reward.timed_inputs import fingerprint, fresh_inputs, input_key
     from opsynth.verify.timing import load_contents, time_rounds
 
     kept: dict = {}
@@ -263,7 +268,7 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, rounds, *
         if check_call is not None:
             check_call(j, outs)
         fps[j] = fingerprint(outs)
-        rep = chan.request({"kind": "round_done", "j": j, "ms": float(ms), "fp": fps[j]})
+        rep = chan.request({"kind": "round_done", "j": j, "ms": float(ms), "fp": fps[j], "key": input_key(buffers)})
         if not rep.get("ok"):
             raise ProtocolError(str(rep.get("error")))
         if rep.get("keep"):

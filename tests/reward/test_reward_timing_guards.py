@@ -87,7 +87,7 @@ def test_fingerprints_of_outputs_larger_than_a_chunk(monkeypatch):
 # ---- the parent's side of the rounds ----------------------------------------------------------------
 
 def _reference(plan, outs):
-    return {"rounds": [{"fp": timed_inputs.fingerprint(o), "scale": timed_inputs.tolerance(o, 1e-2, 1e-2), "key": j}
+    return {"rounds": [{"fp": timed_inputs.fingerprint(o), "scale": timed_inputs.tolerance(o, 1e-2, 1e-2)}
                        for j, o in enumerate(outs)],
             "round_outputs": {j: outs[j] for j in plan.keep}}
 
@@ -95,7 +95,7 @@ def _reference(plan, outs):
 def _play(session, outs, ms=1.0):
     for j, o in enumerate(outs):
         assert session.handle({"kind": "round_start", "j": j})["ok"]
-        rep = session.handle({"kind": "round_done", "j": j, "ms": ms, "fp": timed_inputs.fingerprint(o)})
+        rep = session.handle({"kind": "round_done", "j": j, "ms": ms, "fp": timed_inputs.fingerprint(o), "key": j})
         assert rep["ok"]
     return session.handle({"kind": "timing_done"})
 
@@ -111,16 +111,18 @@ def test_round_protocol_reveals_one_seed_at_a_time_and_judges_every_call():
     s = RoundSession(plan)
     assert _play(s, outs[:8]) == {"ok": True, "again": 0}
     kept = {j: outs[j] for j in plan.keep}
-    assert judge_rounds(ref, s, kept, RewardConfig()) == ("ok", "")
+    keys = {j: j for j in range(len(plan.seeds))}
+    assert judge_rounds(ref, s, kept, RewardConfig(), keys) == ("ok", "")
+    assert judge_rounds(ref, s, kept, RewardConfig(), {**keys, 3: -1})[0] == "input_mutated"
     stale = RoundSession(plan)
     _play(stale, [outs[0], *outs[0:7]])  # from call 1 on, the previous call's output
-    assert judge_rounds(ref, stale, kept, RewardConfig())[0] == "output_cached"
+    assert judge_rounds(ref, stale, kept, RewardConfig(), keys)[0] == "output_cached"
     nan = RoundSession(plan)
     _play(nan, [outs[0], [torch.full((16, 16), float("nan"))], *outs[2:8]])
-    assert judge_rounds(ref, nan, kept, RewardConfig())[0] == "stale_output"
+    assert judge_rounds(ref, nan, kept, RewardConfig(), keys)[0] == "stale_output"
     wrong_kept = {j: [outs[j][0] + 1] for j in plan.keep}
-    assert judge_rounds(ref, s, wrong_kept, RewardConfig())[0] == "incorrect_under_timing"
-    assert judge_rounds(ref, s, {}, RewardConfig())[0] == "timing_protocol"
+    assert judge_rounds(ref, s, wrong_kept, RewardConfig(), keys)[0] == "incorrect_under_timing"
+    assert judge_rounds(ref, s, {}, RewardConfig(), keys)[0] == "timing_protocol"
 
 
 def test_a_median_below_the_floor_gets_a_second_pass():
