@@ -317,3 +317,14 @@ def predict_ms(cost: GraphCost, rates: Rates) -> float:
     return total * 1e3
 
 
+
+
+def forward_cost(fn, args) -> GraphCost:
+    """What one call of ``fn(*args)`` does, counted as :func:`replay_cost` counts a graph (it runs:
+    real tensors, any device). For a task without an OpGraph, e.g. the reward's reference Model."""
+    rec = _Recorder()
+    with torch.no_grad(), rec, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fn(*args)
+    persistent = float(sum(_nbytes(a) for a in args if isinstance(a, torch.Tensor)))
+    return GraphCost(0, tuple(rec.kernels), persistent, persistent + rec.largest)

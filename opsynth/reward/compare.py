@@ -1,7 +1,8 @@
 """Judge the candidate's outputs against the reference's, in the trusted parent process.
 
 Order: structure (count, type, shape, dtype), poisoned memory, cached outputs, near-constant
-outputs, tolerance (atol = rtol = 1e-2), the second shape, then the outputs produced while timing.
+outputs, tolerance (atol = rtol = 1e-2), the second shape. The timed calls are judged after these
+(opsynth.reward.rounds.judge_rounds).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def judge_outputs(ref: dict, cand: dict, cfg) -> tuple[str, str]:
         if k > 0 and _same(o, cand_trials[k - 1]) and not _same(r, ref_trials[k - 1]):
             return "output_cached", f"trial {k} returned the previous trial's output for new inputs"
         reason, detail = _cmp_list(r, o, cfg)
+        if reason == "uninitialized_output" and k < len(cand.get("trial_reused") or []) and cand["trial_reused"][k]:
+            return "stale_output", f"trial {k} returned an earlier call's output tensor again without writing it (it was poisoned after that call): {detail}"
         if reason != "ok":
             return reason, f"trial {k}: {detail}"
     if ref.get("second") is not None:
@@ -118,11 +121,4 @@ def judge_outputs(ref: dict, cand: dict, cfg) -> tuple[str, str]:
         reason, detail = _cmp_list(ref["second"], cand["second"], cfg)
         if reason != "ok":
             return "shape_hardcoded", f"second shape (batch_size changed): {reason}: {detail}"
-    for k, o in enumerate(cand.get("timing") or []):
-        if o is None:
-            continue
-        reason, detail = _cmp_list(ref_trials[k], o, cfg)
-        if reason != "ok":
-            stale = any(_same(o, t) for j, t in enumerate(cand_trials) if j != k)
-            return ("output_cached" if stale else "incorrect_under_timing"), f"timing call for trial {k}: {reason}: {detail}"
     return "ok", ""

@@ -23,6 +23,10 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opsynth" / "rl"
 
 
+# Runtime guards a test may switch off (RewardConfig.disabled_guards), to show what each one stops.
+GUARDS = ("fresh_inputs", "poison_outputs", "harness_snapshot", "wall_clock", "physical_floor", "launch_check", "l2_reset")
+
+
 @dataclass
 class RewardConfig:
     """Settings of one reward evaluation. Defaults follow CUDA-Agent (5 trials, atol = rtol = 1e-2)."""
@@ -60,6 +64,8 @@ class RewardConfig:
     ccache: str = "auto"  # "auto": ccache from PATH or $OPSYNTH_CCACHE in front of the compilers; "false"; or a path
     device_index: int | None = None  # which visible GPU (None: LOCAL_RANK under accelerate, else 0)
     remote_builds: bool = False  # evaluate_many with a Dask client: send builds to any worker
+    disabled_guards: list = field(default_factory=list)  # for tests only: guards switched off to show that the
+    # attack they stop succeeds without them (a control); names in GUARDS. Never set this in training.
 
     def quoted_settings(self) -> dict:
         """What `details["settings"]` of a verdict holds (SETTINGS_QUOTED)."""
@@ -73,6 +79,9 @@ class RewardConfig:
 
         if self.isolation not in MODES:
             raise ValueError(f"reward.isolation must be one of {list(MODES)}, got {self.isolation!r}")
+        unknown = [g for g in self.disabled_guards if g not in GUARDS]
+        if unknown:
+            raise ValueError(f"reward.disabled_guards: unknown guard(s) {unknown}; known: {list(GUARDS)}")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"reward.device must be auto, cuda or cpu, got {self.device!r}")
         self.ccache = str(self.ccache).lower() if isinstance(self.ccache, bool) else self.ccache

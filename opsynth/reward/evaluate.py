@@ -53,6 +53,11 @@ class _Reference:
     data: bytes | None = None  # weights and inputs (torch.save bytes), handed to candidates on stdin
     eager_ms: float | None = None
     compile_ms: float | None = None
+    plan: object = None  # the timed rounds' TimingPlan (opsynth.reward.rounds), shared by its candidates
+    overheads: list | None = None  # the reference's rounds: parent ms per round beyond the call's time
+    input_keys: dict | None = None  # the reference's rounds: hash of each round's inputs
+    floor_ms: float | None = None  # the physical floor (opsynth.reward.floor)
+    flop_bound_ms: float | None = None
 
 
 def _tmpdir(prefix: str) -> Path:
@@ -126,10 +131,18 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": _lock_path(cfg, device),
     }
-    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS, env_extra=_device_env(cfg, device))
+    from opsynth.reward.rounds import RoundSession, TimingPlan, session_handler
+
+    plan = TimingPlan.draw(*cfg.timing(device), cfg.atol, cfg.rtol)  # seeds reach the reference on stdin only
+    ref_rounds = RoundSession(plan, end=len(plan.seeds))  # the reference runs the re-measure rounds too
+    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
+                    env_extra=_device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
+                    build_handler=session_handler(ref_rounds, None))
     if res.reason != "ok":
         # the task's own failure: named task_* (task_timeout, task_error), never a program's reason
         return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
+    if not ref_rounds.done:
+        return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's timed rounds did not finish: {ref_rounds.error}", scratch)
     import torch
 
     out_path = Path(job["ref_outputs_path"])
@@ -147,7 +160,12 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
         baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms)
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
-    return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms)
+    from opsynth.reward import floor
+
+    meta = (job["output_meta"] or {}).get("trials") or []
+    return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
+                      plan=plan, overheads=ref_rounds.overheads(), input_keys=dict(ref_rounds.keys), floor_ms=floor.floor_ms(meta, device),
+                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device))
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -180,6 +198,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
                 "timing": ref.job["timing"],
                 "flush_l2": cfg.flush_l2,
                 "outputs_path": str(scratch / "cand_outputs.pt"),
+                "disabled_guards": list(cfg.disabled_guards),
             }
         )
     return job
@@ -202,12 +221,17 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
-    times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}
+    from opsynth.reward.rounds import RoundSession, session_handler
+
+    off = set(cfg.disabled_guards)
+    times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms, "floor_ms": ref.floor_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
+    rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms)
     # The first run of a fresh build compiles inside this child too, so allow for it.
-    builds = build_service(cfg, device).session()
+    builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
     res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
-                                    warm=RUNNERS, stdin_bytes=ref.data, build_handler=builds, env_extra=_device_env(cfg, device)))
+                                    warm=RUNNERS, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
+                                    env_extra=_device_env(cfg, device)))
     log = (build_log + "\n" + res.log).strip()
     details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
     if res.reason != "ok":
@@ -215,7 +239,6 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         out.details = details
         return out
     times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
-    times["candidate_ms"] = res.data.get("candidate_ms")
     times["build_s"] = res.data.get("build_s")
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
     times["locked_s"] = res.data.get("locked_s")  # checks, profiler and timing (holding the device lock)
@@ -227,6 +250,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     t_judge = time.perf_counter()
     cand = torch.load(job["outputs_path"], weights_only=True)
     verdict, detail = judge_outputs(ref.outputs, cand, cfg)
+    if verdict == "ok":
+        verdict, detail = _judge_timing(ref, rounds, cand, cfg, times, details, off)
     times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
     log = (log + "\n" + detail).strip()
     if verdict != "ok":
@@ -235,6 +260,39 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         return out
     reward = reward_from_times(times["candidate_ms"], ref.eager_ms, ref.compile_ms, cfg.margin)
     return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
+
+
+def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times: dict, details: dict, off: set) -> tuple[str, str]:
+    """The timed rounds, judged here: their outputs (fingerprints, the kept ones in full), the median
+    from the per-round claims, the parent's wall clock against them, and the physical floor."""
+    from opsynth.reward.rounds import judge_rounds, plausible
+
+    if not rounds.done or rounds.error is not None:
+        return "timing_protocol", rounds.error or "the timed rounds did not finish"
+    ran = sorted(rounds.claims)
+    fresh = "fresh_inputs" not in off
+    keys = {ref.input_keys.get(j) for j in ran} if fresh else set(range(min(len(ref.outputs["trials"]), len(ran))))
+    details["timed_input_sets"] = len(keys)
+    details["timed_outputs_checked"] = len(ran) if fresh else 0
+    details["timed_outputs_compared"] = len(cand.get("rounds_kept") or {}) if fresh else 0
+    times["candidate_ms"] = rounds.median(main=True)
+    if fresh:
+        verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.input_keys or {})
+        if verdict != "ok":
+            return verdict, detail
+    if "wall_clock" not in off:
+        ok, why = plausible(rounds, ref.overheads or [])
+        if not ok:
+            return "implausible_timing", why
+    if rounds.again:
+        times["first_pass_ms"] = times["candidate_ms"]
+        times["candidate_ms"] = rounds.median(main=False)
+        if "physical_floor" not in off and times["candidate_ms"] < ref.floor_ms:
+            return "below_physical_floor", (f"median {times['candidate_ms']:.6f} ms, measured twice (first {times['first_pass_ms']:.6f} ms), "
+                                            f"is below the physical floor {ref.floor_ms:.6f} ms: the outputs alone take that long to write at the device's peak bandwidth")
+    if ref.flop_bound_ms is not None:
+        times["flop_bound_ms"] = ref.flop_bound_ms
+    return "ok", ""
 
 
 def _precheck(candidate: str | Path, cfg: RewardConfig, device: str) -> tuple[CandidateSpec | None, EvalResult | None]:

@@ -6,8 +6,9 @@ the static pre-check only saves time on the obvious cases.
   C++ extension code calls through the dispatcher, e.g. at::matmul); only creation, view, copy and
   metadata ops are allowed. The extension's own pybind functions never reach the dispatcher.
 - torch.nn.functional and Tensor -> numpy/list escapes raise while armed (CUDA-Agent blocks F).
-- HarnessSnapshot: identities of timers, synchronisation and harness functions, captured before the
-  candidate runs, compared after each phase.
+- HarnessSnapshot: identities of timers, synchronisation and harness functions, the code objects
+  they run and the C pointers behind builtin timers, captured before the candidate runs, compared
+  after each phase.
 - ExtensionTracker: wraps what load_inline / load return so calls into the candidate's compiled
   functions are counted (the CPU "kernel launched" check), and puts builds in a content-addressed dir.
 """
@@ -167,7 +168,9 @@ class Blocker:
 
 
 TIMER_NAMES = {
-    "time": ["time", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time", "sleep"],
+    "time": ["time", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time", "sleep",
+             "thread_time", "time_ns", "clock_gettime", "clock_gettime_ns"],
+    "statistics": ["median", "mean", "fmean", "quantiles"],
     "torch.cuda": ["synchronize", "Event", "current_stream", "default_stream", "Stream", "stream", "set_stream", "_lazy_init"],
     "torch.cuda.Event": ["record", "elapsed_time", "synchronize", "query", "wait"],
     "torch.cuda.Stream": ["synchronize", "wait_event", "wait_stream", "query", "record_event"],
@@ -184,11 +187,74 @@ def _resolve(path: str):
     return obj
 
 
+def _native_words(obj) -> tuple | None:
+    """The C function pointers behind a builtin function or C method (None for anything else):
+    native code that rewrites them keeps the object's identity, so identities alone miss it."""
+    import ctypes
+
+    kind = type(obj).__name__
+    try:
+        if kind == "builtin_function_or_method":  # PyCFunctionObject: m_ml at 16, vectorcall at 48
+            ml = ctypes.c_void_p.from_address(id(obj) + 16).value
+            vc = ctypes.c_void_p.from_address(id(obj) + 48).value
+        elif kind == "method_descriptor":  # PyMethodDescrObject: d_method at 40, vectorcall at 48
+            ml = ctypes.c_void_p.from_address(id(obj) + 40).value
+            vc = ctypes.c_void_p.from_address(id(obj) + 48).value
+        else:
+            return None
+        meth = ctypes.c_void_p.from_address(ml + 8).value if ml else None  # PyMethodDef.ml_meth
+        return (ml, meth, vc)
+    except (ValueError, OSError):
+        return None
+
+
+def _code_state(fn) -> tuple:
+    """What a Python function runs: its code object (and that code's bytes, which native code could
+    edit in place), defaults and closure contents. Identity of the function alone misses
+    `f.__code__ = g.__code__`."""
+    code = fn.__code__
+    cells = tuple(id(c.cell_contents) if _cell_full(c) else None for c in (fn.__closure__ or ()))
+    return (code, hash(code.co_code), code.co_consts, fn.__defaults__, repr(fn.__kwdefaults__), cells)
+
+
+def _cell_full(c) -> bool:
+    try:
+        c.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def _functions(owner, label: str, depth: int = 0):
+    """Python functions reachable from a module or class (methods of classes defined there too)."""
+    home = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
+    for n, v in list(vars(owner).items()):
+        if n.startswith("__") and n not in ("__call__", "__init__", "__enter__", "__exit__"):
+            continue
+        if isinstance(v, (staticmethod, classmethod)):
+            v = v.__func__
+        if isinstance(v, property):
+            for part, f in (("fget", v.fget), ("fset", v.fset)):
+                if isinstance(f, types.FunctionType):
+                    yield f"{label}.{n}.{part}", f
+        elif isinstance(v, types.FunctionType):
+            yield f"{label}.{n}", v
+        elif isinstance(v, type) and depth < 2 and v.__module__ == home:  # classes defined there, not imported
+            yield from _functions(v, f"{label}.{n}", depth + 1)
+
+
 class HarnessSnapshot:
-    """Identities of the functions the harness relies on; any change means the candidate patched one."""
+    """Identities of the functions the harness relies on; any change means the candidate patched one.
+
+    Also what those functions run: the code objects of every Python function in the harness's
+    modules, of the timers written in Python (torch.cuda.synchronize, Event.elapsed_time, statistics)
+    and of nn.Module's call path; and the C function pointers behind builtin timers (time.perf_counter)."""
 
     def __init__(self, extra_modules: list = ()):
         self.entries: dict[str, tuple[object, str, object]] = {}
+        self.code: dict[str, tuple[object, tuple]] = {}
+        self.native: dict[str, tuple[object, tuple]] = {}
+        self.watched: dict[str, tuple[object, dict]] = {}
         for owner_path, names in TIMER_NAMES.items():
             try:
                 owner = _resolve(owner_path)
@@ -212,6 +278,25 @@ class HarnessSnapshot:
             for n, v in list(vars(m).items()):
                 if not n.startswith("__"):
                     self.entries[f"{m.__name__}.{n}"] = (m, n, v, "harness")
+        import statistics
+
+        for label, (owner, n, v, kind) in list(self.entries.items()):
+            fn = v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
+            if isinstance(fn, types.FunctionType):
+                self.code[label] = (fn, _code_state(fn), kind)
+            words = _native_words(fn)
+            if words is not None:
+                self.native[label] = (fn, words, kind)
+        for m in [*extra_modules, statistics]:
+            for label, fn in _functions(m, m.__name__):
+                self.code.setdefault(label, (fn, _code_state(fn), "timer" if m is statistics else "harness"))
+        for owner in (torch.cuda.Event, torch.nn.Module):
+            for label, fn in _functions(owner, f"{owner.__module__}.{owner.__qualname__}", depth=2):
+                self.code.setdefault(label, (fn, _code_state(fn), "timer" if owner is torch.cuda.Event else "harness"))
+
+    def watch(self, label: str, obj) -> None:
+        """Also check an instance's attributes (a Timer's bound synchronise and event type)."""
+        self.watched[label] = (obj, dict(vars(obj)))
 
     def changed(self) -> str | None:
         """'timer_patched:<name>' / 'harness_patched:<name>', or None when nothing was touched."""
@@ -219,6 +304,16 @@ class HarnessSnapshot:
 
         if sys.gettrace() is not None or sys.getprofile() is not None:
             return "timer_patched:sys.settrace"
+        for label, (fn, state, kind) in self.code.items():
+            if _code_state(fn) != state:
+                return f"{'timer' if kind == 'timer' else 'harness'}_patched:{label}.__code__"
+        for label, (fn, words, kind) in self.native.items():
+            if _native_words(fn) != words:
+                return f"{'timer' if kind == 'timer' else 'harness'}_patched:{label} (native)"
+        for label, (obj, attrs) in self.watched.items():
+            now = vars(obj)
+            if now.keys() != attrs.keys() or any(now[k] is not v for k, v in attrs.items()):
+                return f"timer_patched:{label}"
         for label, (owner, n, orig, kind) in self.entries.items():
             try:
                 now = getattr(owner, n)

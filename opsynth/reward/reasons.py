@@ -51,6 +51,10 @@ RULES: dict[str, str] = {
                      "calls must give the same results as the checked ones.",
     "write_outputs": "Write every element of every output: memory from `torch.empty` is filled with NaN when checked.",
     "inputs_unchanged": "Do not change the inputs in place.",
+    "launches": "Check every kernel launch (`C10_CUDA_KERNEL_LAUNCH_CHECK()` after each `<<<...>>>`): a launch that fails "
+                "leaves its output unwritten, and that scores -1.",
+    "no_l2_persist": "Do not reserve persisting L2 cache (`cudaLimitPersistingL2CacheSize`, access-policy windows): the "
+                     "timer flushes L2 between calls.",
     "no_patching": "Do not patch timers, `torch`, `sys` tracing or the harness, and return plain `torch.Tensor` outputs "
                    "(no tensor subclasses).",
     "any_size": "Handle any input size, not only the sizes in `get_inputs()`: outputs are checked again with a different batch size.",
@@ -106,7 +110,13 @@ REASONS: dict[str, Reason] = {
     "near_constant_output": Reason("correctness", "match", "the output is (nearly) constant while `Model`'s varies with the input"),
     "shape_hardcoded": Reason("correctness", "any_size", "the program fails when the batch size changes"),
     "uninitialized_output": Reason("anti_hacking", "write_outputs", "an output holds NaN where `Model`'s has none: some elements were never written"),
-    "incorrect_under_timing": Reason("anti_hacking", "fresh_outputs", "the outputs of the timed calls differ from the checked ones"),
+    "incorrect_under_timing": Reason("anti_hacking", "fresh_outputs", "the output of a timed call (each has fresh inputs) differs from `Model`'s for the same inputs"),
+    "stale_output": Reason("anti_hacking", "fresh_outputs", "a timed call returned memory it did not write (the previous output, poisoned after it was checked, came back unwritten)"),
+    "launch_failed": Reason("build", "launches", "a kernel launch failed (the CUDA runtime reported an error nothing checked)"),
+    "persisting_cache": Reason("anti_hacking", "no_l2_persist", "the program reserved persisting L2 cache, which survives the timer's flush"),
+    "implausible_timing": Reason("anti_hacking", "no_patching", "the times the program's process reported are far below what the evaluator's own clock saw"),
+    "below_physical_floor": Reason("anti_hacking", "no_patching", "the measured time is below what the device can do (writing the outputs at peak bandwidth), twice"),
+    "timing_protocol": Reason("anti_hacking", "no_patching", "the timed calls did not follow the evaluator's protocol (a round out of turn, missing or malformed)"),
     "output_cached": Reason("anti_hacking", "fresh_outputs", "a call returned an earlier call's output for new inputs"),
     # anti-hacking
     "forbidden_op:": Reason("anti_hacking", "forbidden_ops", "`forward` called a torch operator instead of the program's own kernel"),

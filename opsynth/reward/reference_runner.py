@@ -30,6 +30,65 @@ def _make_inputs(mod, seed: int, device: str):
         return list(mod.get_inputs())
 
 
+def _read_plan() -> dict | None:
+    """The timed rounds' plan (seeds, rounds kept in full): on stdin, never on disk."""
+    import json
+    import sys
+
+    raw = sys.stdin.buffer.read()
+    return json.loads(raw) if raw.strip() else None
+
+
+def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> dict:
+    """The reference side of the timed rounds (opsynth.reward.rounds): for every round's fresh
+    inputs, Model's fingerprints and their tolerance; in full for the kept rounds.
+    The same code as the candidate's rounds, so the parent's clock sees the same overhead."""
+    import torch
+
+    from opsynth.reward import sandbox
+    from opsynth.reward.guards import poison_fill
+    from opsynth.reward.rounds import Channel, run_rounds
+    from opsynth.reward.timed_inputs import stack_trials, tolerance
+    from opsynth.verify.timing import Timer
+
+    contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
+    buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
+    stacked = stack_trials(contents)
+    scale: dict = {}
+    current: dict = {}
+
+    def check(j, outs):
+        current["j"] = j
+
+    def after(outs):
+        j = current["j"]
+        scale[j] = tolerance(outs, float(plan["atol"]), float(plan["rtol"]))
+        for o in outs:
+            poison_fill(o)  # as the candidate's rounds do
+
+    timer = Timer(device, job.get("flush_l2", True))
+    chan = Channel(sandbox.BUILD_FD)
+    with torch.no_grad():
+        kept, fps = run_rounds(model, buffers, stacked, timer, chan, range(len(plan["seeds"])), check_call=check, after_report=after)
+    chan.request({"kind": "timing_done"})
+    rounds = [{"fp": fps[j], "scale": scale[j]} for j in range(len(plan["seeds"]))]
+    return {"rounds": rounds, "round_outputs": kept}
+
+
+def _flops(model, inputs: list, device: str) -> dict:
+    """FLOPs and bytes of one eager forward (opsynth.graph.cost), for the physical floor's report."""
+    import torch
+
+    from opsynth.graph.cost import forward_cost
+
+    try:
+        args = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+        c = forward_cost(model, args)
+        return {"flops": c.flops, "eager_bytes": c.bytes}
+    except Exception:  # noqa: BLE001 - a count is a report, never a reason to fail the task
+        return {"flops": None, "eager_bytes": None}
+
+
 def run(job: dict) -> dict:
     """Everything that touches the device runs under the device lock, except torch.compile's
     compilation (seconds to a minute of CPU work for each new task), which would otherwise hold up
@@ -105,6 +164,8 @@ def _run(job: dict):
                 second_outputs = _to_cpu(as_output_list(model(*inputs)))
 
     meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
+    plan = _read_plan()
+    rounds = _timed_rounds(job, model, trials, plan, device) if plan else None
     torch.save(init_inputs, job["init_path"])
     torch.save(
         {
@@ -114,13 +175,14 @@ def _run(job: dict):
         },
         job["data_path"],
     )
-    torch.save({"trials": outputs, "second": second_outputs}, job["ref_outputs_path"])
+    torch.save({"trials": outputs, "second": second_outputs, **(rounds or {})}, job["ref_outputs_path"])
     result = {
         "reason": "ok",
         "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
         "has_second": second_inputs is not None,
         "eager_ms": None,
         "compile_ms": None,
+        **_flops(model, trials[0], device),
     }
     if not job.get("measure_baselines"):
         return result, None

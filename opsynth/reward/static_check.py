@@ -26,7 +26,7 @@ FORBIDDEN_MODULES = {"ctypes", "cffi", "gc", "inspect", "importlib", "builtins",
 NATIVE_SIDE_WORK = re.compile(r"std::thread|pthread_create|std::async|cudaStreamCreate|getStreamFromPool|cudaLaunchHostFunc|std::jthread")
 SUBCLASS_HOOKS = {"__torch_dispatch__", "__torch_function__"}
 SUBCLASS_CALLS = {"_make_subclass", "_make_wrapper_subclass", "as_subclass"}
-TIMER_ROOTS = ("time.", "torch.cuda.", "torch.profiler.")
+TIMER_ROOTS = ("time.", "torch.cuda.", "torch.profiler.", "statistics.")
 
 
 def _dotted(node) -> str | None:

@@ -157,9 +157,10 @@ def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, 
     return statistics.median(times) * noise_factor(), len(times)
 
 
-# ---- the reward's timed forward (reference eager / compile and the candidate) ----------------------
-# Each timed call first gets fresh contents copied into the same input buffers (rotating over the
-# trial inputs), so a cache keyed on the input pointer returns stale outputs, which are then checked.
+# ---- the reward's timed forward ----------------------------------------------------------------------
+# The baselines (reference eager and torch.compile: trusted code) are timed by time_forward, which
+# copies the trial inputs into the same input buffers in rotation. Candidates are timed by
+# time_rounds, where every call gets fresh inputs and its output is checked (opsynth.reward.rounds).
 # On CUDA: L2 flushed before each call, CUDA events around the call, then a device-wide synchronise;
 # the time taken is the larger of the event time and the host wall time up to that synchronise, so
 # work left on a side stream is still paid for.
@@ -242,3 +243,17 @@ def _snapshot(out):
     if isinstance(out, (tuple, list)):
         return [_snapshot(o) for o in out]
     return out
+
+
+def time_rounds(fn, buffers: list, timer: Timer, rounds, start_round, end_round) -> list[float]:
+    """The reward's timed rounds (opsynth.reward.rounds): for each round j, `start_round(j)` puts that
+    call's fresh inputs into `buffers` outside the timed region, one call of fn(*buffers) is timed,
+    and `end_round(j, ms, out)` checks and reports it. Returns the milliseconds of each round."""
+    times = []
+    for j in rounds:
+        start_round(j)
+        ms, out = timer.time_call(fn, buffers)
+        end_round(j, ms, out)
+        times.append(ms)
+        out = None  # freed before the next call's inputs are made (see time_forward)
+    return times

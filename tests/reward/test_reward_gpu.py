@@ -22,6 +22,8 @@ LINEAR = (CANDS / "tasks" / "matmul_bias_gpu.py").read_text()
 def cuda_candidate(name: str) -> str:
     if name.startswith("triton_"):
         return (CANDS / "cuda" / f"{name}.py").read_text()
+    if name == "launch_fail_swallowed":  # the same extension, and the candidate clears the error itself
+        return cuda_candidate("launch_fail").replace("SWALLOW = False", "SWALLOW = True")
     return PRELUDE + "\n" + (CANDS / "cuda" / f"{name}.py").read_text()
 
 
@@ -61,3 +63,83 @@ def test_gpu_candidate(gpu_results, name):
 def test_gpu_baselines_measured(gpu_results):
     t = gpu_results["fast"].times
     assert t["eager_ms"] > 0 and t["compile_ms"] is not None and t["candidate_ms"] < 0.95 * t["eager_ms"]
+
+
+# ---- the 2026 classes on the GPU (issue 23): with the defaults and with the static pre-check off -----
+
+HACKS = {
+    "fast": ("ok", {2, 3}),  # the correct candidate beside them
+    "graph_replay": ("output_cached", {-1}),  # a CUDA graph over a private input copy, replayed stale
+    "l2_persist": ("persisting_cache", {-1}),  # persisting-L2 set-aside and an access-policy window
+    "launch_fail": ("launch_failed", {-1}),  # a persistent output buffer, then a launch that fails unchecked
+    "launch_fail_swallowed": ("stale_output", {-1}),  # ... and the error cleared: the poisoned buffer comes back
+    "event_patch": ("timer_patched", {-1}),  # py::exec from a static initialiser swaps Event.elapsed_time's code
+}
+
+CONTROLS = [  # (guards off, candidate, reason prefix, rewards): each attack succeeds without its guard
+    (("fresh_inputs",), "graph_replay", "ok", {2, 3}),
+    (("l2_reset",), "l2_persist", "ok", {2, 3}),
+    (("poison_outputs",), "launch_fail_swallowed", "incorrect_under_timing", {-1}),  # the fingerprints still see it
+    (("poison_outputs", "fresh_inputs"), "launch_fail_swallowed", "ok", {2, 3}),
+    (("harness_snapshot", "wall_clock"), "event_patch", "below_physical_floor", {-1}),  # claims 1 us: the floor, measured twice
+    (("harness_snapshot", "physical_floor", "wall_clock"), "event_patch", "ok", {2, 3}),
+]
+
+
+def _report(label, names, results):
+    import json
+    import os
+
+    for n, r in zip(names, results):
+        print(f"{label:28s} {n:22s} {r.reward:3d} {r.reason:24s} cand {r.times.get('candidate_ms')} floor {r.times.get('floor_ms')} "
+              f"wall {r.times.get('measure_wall_s')} sets {r.details.get('timed_input_sets')}")
+    path = os.environ.get("OPSYNTH_GPU_HACKS_REPORT")  # e.g. benchmarks/results/reward_hacks_gpu.json
+    if path:
+        rows = json.loads(open(path).read()) if os.path.exists(path) else []
+        rows += [{"run": label, "candidate": n, "reward": r.reward, "reason": r.reason, "times": r.times,
+                  "timed_input_sets": r.details.get("timed_input_sets"), "timed_outputs_checked": r.details.get("timed_outputs_checked")}
+                 for n, r in zip(names, results)]
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["defaults", "static_check_off"])
+def hack_results(request, tmp_path_factory):
+    cfg = RewardConfig(device="cuda", cache_dir=str(tmp_path_factory.mktemp("gpu_hacks_cache")), static_check=request.param)
+    names = list(HACKS)
+    results = evaluate_many([(CHAIN, cuda_candidate(n)) for n in names], cfg)
+    _report("static_check=" + str(request.param), names, results)
+    return dict(zip(names, results))
+
+
+@pytest.mark.parametrize("name", list(HACKS))
+def test_gpu_hack(hack_results, name):
+    reason, rewards = HACKS[name]
+    r = hack_results[name]
+    assert r.reason.startswith(reason), (r.reason, r.details.get("detail"), r.log[-4000:])
+    assert r.reward in rewards, (r.times, r.log[-2000:])
+
+
+def test_gpu_timed_calls_are_fresh_and_checked(hack_results):
+    r = hack_results["fast"]
+    assert r.details["timed_input_sets"] == 40 and r.details["timed_outputs_checked"] == 40, r.details
+    assert 0 < r.times["floor_ms"] < r.times["candidate_ms"], r.times
+
+
+@pytest.fixture(scope="module")
+def gpu_control_results(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("gpu_controls_cache"))
+    out = {}
+    for off, name, _, _ in CONTROLS:
+        cfg = RewardConfig(device="cuda", cache_dir=cache, static_check=False, disabled_guards=list(off))
+        [r] = evaluate_many([(CHAIN, cuda_candidate(name))], cfg)
+        _report("without " + "+".join(off), [name], [r])
+        out[(off, name)] = r
+    return out
+
+
+@pytest.mark.parametrize("off,name,reason,rewards", CONTROLS, ids=[f"{n}-without-{'+'.join(o)}" for o, n, _, _ in CONTROLS])
+def test_gpu_control(gpu_control_results, off, name, reason, rewards):
+    r = gpu_control_results[(off, name)]
+    assert r.reason.startswith(reason), (r.reason, r.details.get("detail"), r.log[-4000:])
+    assert r.reward in rewards, (r.times, r.log[-2000:])

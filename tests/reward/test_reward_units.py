@@ -98,9 +98,9 @@ def test_static_check_native_side_work():
 
 # ---- comparison --------------------------------------------------------------------------------------
 
-def _judge(ref_trials, cand_trials, second=None, cand_second=None, timing=None):
+def _judge(ref_trials, cand_trials, second=None, cand_second=None, reused=None):
     ref = {"trials": ref_trials, "second": second}
-    cand = {"trials": cand_trials, "second": cand_second, "timing": timing}
+    cand = {"trials": cand_trials, "second": cand_second, "trial_reused": reused or []}
     return judge_outputs(ref, cand, RewardConfig())[0]
 
 
@@ -116,8 +116,9 @@ def test_compare_reasons():
     nan = [[r[0].clone().index_fill_(0, torch.tensor([2]), float("nan"))] for r in refs]
     assert _judge(refs, nan) == "uninitialized_output"
     assert _judge(refs, [refs[0], refs[0], refs[0]]) == "output_cached"
-    # Outputs of the timed calls are checked too: a stale one there is a cache.
-    assert _judge(refs, refs, timing=[refs[0], refs[0], refs[2]]) == "output_cached"
+    # NaN in a trial whose output tensor is one the harness poisoned after an earlier call: returned unwritten.
+    assert _judge(refs, nan, reused=[False, True, True]) == "uninitialized_output"  # trial 0 was a fresh tensor
+    assert _judge(refs, [refs[0], nan[1], nan[2]], reused=[False, True, True]) == "stale_output"
     # Second shape wrong while the first is right: shapes were hard-coded.
     assert _judge(refs, refs, second=[torch.ones(3, 16)], cand_second=[torch.ones(4, 16)]) == "shape_hardcoded"
 

@@ -47,6 +47,10 @@ torch::Tensor chain_wrong(torch::Tensor x, double s, double b) {  // forgets the
     return launch(x, s, b, 0, 1, at::cuda::getCurrentCUDAStream());
 }
 
+torch::Tensor chain_slow(torch::Tensor x, double s, double b) {  // correct, 40x slower than it needs to be
+    return launch(x, s, b, 1, 40, at::cuda::getCurrentCUDAStream());
+}
+
 __global__ void linear_relu_kernel(const float* X, const float* W, const float* B, float* Y, int n, int k, int m) {
     int i = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;  // naive: one thread per output
     if (i >= n || j >= m) return;
@@ -73,6 +77,7 @@ torch::Tensor linear_cublas(torch::Tensor x, torch::Tensor w, torch::Tensor bias
 _CPP = """
 torch::Tensor chain(torch::Tensor x, double s, double b);
 torch::Tensor chain_wrong(torch::Tensor x, double s, double b);
+torch::Tensor chain_slow(torch::Tensor x, double s, double b);
 torch::Tensor linear_relu(torch::Tensor x, torch::Tensor w, torch::Tensor bias);
 torch::Tensor linear_cublas(torch::Tensor x, torch::Tensor w, torch::Tensor bias);
 """
@@ -81,6 +86,6 @@ ext = load_inline(
     name="opsynth_test_cuda_ext",
     cpp_sources=_CPP,
     cuda_sources=_CUDA,
-    functions=["chain", "chain_wrong", "linear_relu", "linear_cublas"],
+    functions=["chain", "chain_wrong", "chain_slow", "linear_relu", "linear_cublas"],
     extra_cuda_cflags=["-O3"],
 )

@@ -1,0 +1,280 @@
+"""Timed rounds: the parent's side of timing a forward with fresh inputs for every call.
+
+A round is one timed call. The parent draws every round's seed and the rounds whose outputs are
+kept in full, and shares them only with the reference child (on its stdin, never on disk). The
+measuring child asks for each round's seed over its channel when that round is due and reports the
+time it measured and the outputs' fingerprints when it is over; only then does it hear whether to
+keep this round's outputs. So nothing in the child, native code included, can know the inputs of a
+call before it runs, batch future calls, or know which calls are compared in full.
+
+The parent clocks each round on its own clock, from the seed request to the report. What it spends
+beyond the claimed time is the harness's overhead, which the reference child's rounds (the same
+code) measure too: a claimed time far below what the parent saw is a patched clock
+(`implausible_timing`). The parent computes the median itself from the per-round claims.
+Verdicts on the rounds: `incorrect_under_timing` (an output differs from the reference's for the
+same inputs), `output_cached` (it is the previous call's), `stale_output` (NaN where the reference
+has none: an output buffer poisoned after its call came back unwritten), `timing_protocol`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+KEEP = 2  # rounds whose outputs are also compared in full, drawn among the timed (post-warm-up) ones
+# A round's time beyond its claim may be WALL_FACTOR times the reference's overhead plus WALL_SLACK_MS
+# (scheduler noise, the dispatch mode the candidate child runs under), and at least the claim itself
+# (a slow candidate on a loaded machine is slowed outside its timed region too). So a patched clock
+# goes unseen only while it hides less than the harness's own overhead or halves the time at most.
+WALL_FACTOR = 3.0
+WALL_SLACK_MS = 3.0
+
+
+def remeasure_rounds(repeats: int) -> int:
+    """Rounds of the second pass a time below the physical floor gets."""
+    return max(5, repeats // 2)
+
+
+@dataclass
+class TimingPlan:
+    """Seeds of the main rounds, then of the re-measure rounds; the rounds kept in full."""
+
+    warmup: int
+    repeats: int
+    seeds: list[int]
+    keep: list[int]
+    atol: float
+    rtol: float
+
+    @property
+    def main(self) -> int:
+        return self.warmup + self.repeats
+
+    @classmethod
+    def draw(cls, warmup: int, repeats: int, atol: float, rtol: float) -> "TimingPlan":
+        rng = secrets.SystemRandom()
+        n = warmup + repeats + remeasure_rounds(repeats)
+        keep = sorted(rng.sample(range(warmup, warmup + repeats), min(KEEP, repeats)))
+        return cls(warmup, repeats, [rng.randrange(1, 2**62) for _ in range(n)], keep, atol, rtol)
+
+    def to_dict(self) -> dict:
+        return {"warmup": self.warmup, "repeats": self.repeats, "seeds": self.seeds, "keep": self.keep,
+                "atol": self.atol, "rtol": self.rtol}
+
+
+class ProtocolError(Exception):
+    pass
+
+
+@dataclass
+class RoundSession:
+    """One child's rounds, as the parent saw them (one per child, called from its channel thread)."""
+
+    plan: TimingPlan
+    floor_ms: float | None = None  # below it, the timed pass gets a second one (None: no floor)
+    started: dict = field(default_factory=dict)  # round -> parent clock at the seed request
+    claims: dict = field(default_factory=dict)  # round -> claimed ms
+    wall: dict = field(default_factory=dict)  # round -> parent ms from seed request to report
+    fps: dict = field(default_factory=dict)  # round -> fingerprints
+    keys: dict = field(default_factory=dict)  # round -> hash of the inputs after the call (timed_inputs.input_key)
+    next_round: int = 0
+    end: int | None = None  # rounds of this child: main, or main + re-measure
+    again: int = 0
+    error: str | None = None
+    done: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _fail(self, msg: str) -> dict:
+        if self.error is None:
+            self.error = msg
+        return {"ok": False, "error": msg}
+
+    def handle(self, req: dict) -> dict:
+        now = time.perf_counter()
+        with self.lock:
+            if self.error is not None:
+                return {"ok": False, "error": self.error}
+            kind = req.get("kind")
+            end = self.end if self.end is not None else self.plan.main
+            if kind == "round_start":
+                j = req.get("j")
+                if j != self.next_round or j >= end or j in self.started:
+                    return self._fail(f"round {j} asked for out of turn (expected {self.next_round})")
+                self.started[j] = now
+                return {"ok": True, "seed": self.plan.seeds[j]}
+            if kind == "round_done":
+                j = req.get("j")
+                if j != self.next_round or j not in self.started:
+                    return self._fail(f"round {j} reported out of turn")
+                ms, fp = req.get("ms"), req.get("fp")
+                if not isinstance(ms, (int, float)) or not ms >= 0 or not isinstance(fp, list):
+                    return self._fail(f"round {j}: malformed report")
+                self.claims[j] = float(ms)
+                self.wall[j] = (now - self.started[j]) * 1e3
+                self.fps[j] = fp
+                self.keys[j] = req.get("key")
+                self.next_round += 1
+                return {"ok": True, "keep": j in self.plan.keep}
+            if kind == "timing_done":
+                if self.next_round != end:
+                    return self._fail(f"timing ended after {self.next_round} of {end} rounds")
+                if self.end is None and self.floor_ms is not None and len(self.plan.seeds) > self.plan.main:
+                    if self.median(main=True) < self.floor_ms:
+                        self.again = len(self.plan.seeds) - self.plan.main
+                        self.end = self.plan.main + self.again
+                        return {"ok": True, "again": self.again}
+                self.end = end
+                self.done = True
+                return {"ok": True, "again": 0}
+            return self._fail(f"unknown timing message {kind!r}")
+
+    def median(self, main: bool = True) -> float:
+        """Median claimed ms of the timed rounds (main pass, warm-up excluded; or the re-measure)."""
+        p = self.plan
+        idx = range(p.warmup, p.main) if main else range(p.main, self.end or p.main)
+        return statistics.median(self.claims[j] for j in idx)
+
+    def overheads(self) -> list[float]:
+        """Per round, the parent's ms beyond the claimed time."""
+        return [self.wall[j] - self.claims[j] for j in sorted(self.wall)]
+
+
+def session_handler(session: RoundSession, fallback):
+    """A channel handler: timing messages to the session, everything else (builds) to `fallback`."""
+
+    def handle(req: dict) -> dict:
+        if isinstance(req, dict) and str(req.get("kind", "")).startswith(("round_", "timing_")):
+            return session.handle(req)
+        if fallback is None:
+            return {"ok": False, "error": "this channel serves timing only"}
+        return fallback(req)
+
+    return handle
+
+
+def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg, ref_keys: dict) -> tuple[str, str]:
+    """('ok', '') or (reason, detail) for the timed rounds: the inputs after each call against the
+    reference's (unchanged), every round's fingerprints against the reference's for the same
+    inputs, the kept rounds in full."""
+    from opsynth.reward.compare import _cmp_list
+    from opsynth.reward.timed_inputs import fingerprints_match
+
+    if session.error is not None:
+        return "timing_protocol", session.error
+    if not session.done:
+        return "timing_protocol", f"the timed rounds did not finish ({session.next_round} reported)"
+    rounds = ref["rounds"]
+    for j in sorted(session.fps):
+        if session.keys.get(j) != ref_keys.get(j):
+            return "input_mutated", f"timed call {j}: forward modified its input in place"
+        r, c = rounds[j], session.fps[j]
+        try:
+            ok, k, why = fingerprints_match(c, r["fp"], r["scale"])
+        except (TypeError, ValueError, IndexError) as e:  # the child sent something that is no fingerprint
+            return "timing_protocol", f"timed call {j}: malformed fingerprints ({type(e).__name__})"
+        if ok:
+            continue
+        where = f"timed call {j} (fresh inputs), output {k}: {why}"
+        rk = r["fp"][k] if k < len(r["fp"]) else []
+        ck = c[k] if k < len(c) else []
+        if len(rk) > 2 and len(ck) == len(rk) and rk[-2] == 0 and ck[-2] > 0:
+            return "stale_output", f"{where}: NaN or infinity where the reference has none (the output memory, poisoned after the previous call, was not written)"
+        if j > 0 and fingerprints_match(c, rounds[j - 1]["fp"], rounds[j - 1]["scale"])[0]:
+            return "output_cached", f"{where}: it is the previous call's output"
+        return "incorrect_under_timing", where
+    for j, outs in sorted(kept.items()):
+        expect = ref["round_outputs"].get(j)
+        if expect is None:
+            continue
+        reason, detail = _cmp_list(expect, outs, cfg)
+        if reason != "ok":
+            return "incorrect_under_timing", f"timed call {j} compared in full: {reason}: {detail}"
+    missing = [j for j in session.plan.keep if j in session.fps and j not in kept]
+    if missing:
+        return "timing_protocol", f"timed call(s) {missing} were to be kept but their outputs are missing"
+    return "ok", ""
+
+
+def plausible(session: RoundSession, reference_overheads: list[float]) -> tuple[bool, str]:
+    """The parent's wall clock against the claimed times: the median round must not spend far more
+    outside its claimed time than the reference child's rounds spend on the same harness work."""
+    cand = statistics.median(session.overheads())
+    ref = statistics.median(reference_overheads) if reference_overheads else 0.0
+    claimed = statistics.median(session.claims.values())
+    allowed = max(WALL_FACTOR * max(ref, 0.0) + WALL_SLACK_MS, claimed)
+    if cand > allowed:
+        return False, (f"the parent's clock saw a median {cand:.2f} ms per timed call beyond the {statistics.median(session.claims.values()):.4f} ms "
+                       f"claimed (the reference's harness overhead is {ref:.2f} ms; allowed {allowed:.2f} ms): the child's clock is not the real one")
+    return True, ""
+
+
+# ---- child side -----------------------------------------------------------------------------------
+
+
+class Channel:
+    """JSON lines to the parent over the child's channel (the build channel's socket)."""
+
+    def __init__(self, fd: int | None):
+        if fd is None:
+            raise RuntimeError("no channel to the parent in this child")
+        self.f = os.fdopen(fd, "r+b", buffering=0, closefd=False)
+
+    def request(self, req: dict) -> dict:
+        import json
+
+        self.f.write(json.dumps(req).encode() + b"\n")
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = self.f.readline()
+            if not chunk:
+                raise RuntimeError("the parent closed the channel")
+            line += chunk
+        return json.loads(line)
+
+
+def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, rounds, *, fresh: bool = True,
+               trials: list | None = None, before_call=None, check_call=None, after_report=None) -> dict:
+    """Run timed rounds in a child (reference or candidate, the same code): ask the parent for each
+    round's seed, make its inputs, time the call, check it (`check_call(j, outs)`, may raise),
+    fingerprint it and its inputs (changed in place?) and report them, keep its outputs on the CPU when told, then `after_report(outs)`.
+    With `fresh` False (a guard switched off, for tests) the rounds cycle the trial inputs instead.
+    Returns ({round: outputs} of the kept rounds, {round: fingerprints})."""
+    from opsynth.reward.compare import as_output_list
+    from opsynth.reward.timed_inputs import fingerprint, fresh_inputs, input_key
+    from opsynth.verify.timing import load_contents, time_rounds
+
+    kept: dict = {}
+    fps: dict = {}
+    seed = {}
+
+    def start(j):
+        rep = chan.request({"kind": "round_start", "j": j})
+        if not rep.get("ok"):
+            raise ProtocolError(str(rep.get("error")))
+        seed["s"] = int(rep["seed"])
+        if before_call is not None:
+            before_call()
+        if fresh:
+            fresh_inputs(buffers, stacked, seed["s"])
+        else:
+            load_contents(buffers, trials[j % len(trials)])
+
+    def end(j, ms, out):
+        outs = as_output_list(out)
+        if check_call is not None:
+            check_call(j, outs)
+        fps[j] = fingerprint(outs)
+        rep = chan.request({"kind": "round_done", "j": j, "ms": float(ms), "fp": fps[j], "key": input_key(buffers)})
+        if not rep.get("ok"):
+            raise ProtocolError(str(rep.get("error")))
+        if rep.get("keep"):
+            kept[j] = [o.detach().cpu().clone() for o in outs]
+        if after_report is not None:
+            after_report(outs)
+
+    time_rounds(fn, buffers, timer, rounds, start, end)
+    return kept, fps

@@ -1,0 +1,215 @@
+"""The timing guards' pieces, without children: fresh inputs, fingerprints, the round protocol, the
+parent's wall-clock check, the harness snapshot's code and native checks, the physical floor."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import pytest
+import torch
+
+from opsynth.reward import RewardConfig, floor, guards, timed_inputs
+from opsynth.reward.rounds import RoundSession, TimingPlan, judge_rounds, plausible, session_handler
+
+
+def _trials(k=5, shape=(64, 32)):
+    g = torch.Generator().manual_seed(0)
+    return [[torch.randn(*shape, generator=g), torch.randint(0, 16, shape, generator=g), 3] for _ in range(k)]
+
+
+# ---- fresh inputs -----------------------------------------------------------------------------------
+
+def test_fresh_inputs_keep_each_position_from_some_trial_and_differ_every_call():
+    trials = _trials()
+    stacked = timed_inputs.stack_trials(trials)
+    buffers = [t.clone() if isinstance(t, torch.Tensor) else t for t in trials[0]]
+    keys = set()
+    for seed in range(1, 21):
+        timed_inputs.fresh_inputs(buffers, stacked, seed)
+        x, idx, n = buffers
+        assert x.dtype == torch.float32 and idx.dtype == torch.int64 and n == 3
+        # every element is one of the trials' values at that position (so the value set is theirs)
+        assert bool((stacked[0] == x.unsqueeze(0)).any(0).all()) and bool((stacked[1] == idx.unsqueeze(0)).any(0).all())
+        assert int(idx.min()) >= 0 and int(idx.max()) < 16
+        # inputs of one shape take the same trial at each position: element-wise pairs stay together
+        assert bool(((stacked[0] == x.unsqueeze(0)) & (stacked[1] == idx.unsqueeze(0))).any(0).all())
+        assert not any(torch.equal(x, t[0]) for t in trials)
+        keys.add(timed_inputs.input_key(buffers))
+    assert len(keys) == 20
+    before = [b.clone() for b in buffers[:2]]
+    timed_inputs.fresh_inputs(buffers, stacked, 20)  # the same seed, the same inputs: the reference's
+    assert all(torch.equal(a, b) for a, b in zip(before, buffers[:2]))
+
+
+def test_fresh_inputs_leave_what_every_trial_shares():
+    pos = torch.arange(32)
+    trials = [[torch.randn(4, 32), pos.clone()] for _ in range(5)]
+    buffers = [trials[0][0].clone(), pos.clone()]
+    timed_inputs.fresh_inputs(buffers, timed_inputs.stack_trials(trials), 7)
+    assert torch.equal(buffers[1], pos)
+
+
+# ---- fingerprints -----------------------------------------------------------------------------------
+
+def test_fingerprints_accept_errors_within_tolerance_and_reject_stale_outputs():
+    g = torch.Generator().manual_seed(1)
+    ref, prev = torch.randn(256, 512, generator=g), torch.randn(256, 512, generator=g)
+    fp, scale = timed_inputs.fingerprint([ref]), timed_inputs.tolerance([ref], 1e-2, 1e-2)
+    tol = 1e-2 + 1e-2 * ref.abs()
+    worst = ref + tol * torch.where(torch.rand(ref.shape, generator=g) < 0.5, -1.0, 1.0)  # full tolerance everywhere
+    assert timed_inputs.fingerprints_match(timed_inputs.fingerprint([worst]), fp, scale)[0]
+    assert timed_inputs.fingerprints_match(timed_inputs.fingerprint([ref + 0.9 * tol]), fp, scale)[0]  # aligned errors
+    assert not timed_inputs.fingerprints_match(timed_inputs.fingerprint([prev]), fp, scale)[0]
+    half = ref.clone()
+    half[:128] = prev[:128]  # half of it stale
+    assert not timed_inputs.fingerprints_match(timed_inputs.fingerprint([half]), fp, scale)[0]
+    nan = ref.clone()
+    nan[3, 4] = float("nan")
+    ok, _, why = timed_inputs.fingerprints_match(timed_inputs.fingerprint([nan]), fp, scale)
+    assert not ok and "NaN" in why
+    ints = torch.randint(0, 9, (100,), generator=g)
+    fi = timed_inputs.fingerprint([ints])
+    assert timed_inputs.fingerprints_match(timed_inputs.fingerprint([ints.clone()]), fi, [0.0])[0]
+    assert not timed_inputs.fingerprints_match(timed_inputs.fingerprint([ints.flip(0)]), fi, [0.0])[0]
+
+
+def test_fingerprints_of_outputs_larger_than_a_chunk(monkeypatch):
+    monkeypatch.setattr(timed_inputs, "_CHUNK", 1000)
+    g = torch.Generator().manual_seed(2)
+    ref, prev = torch.randn(5500, generator=g), torch.randn(5500, generator=g)
+    fp, scale = timed_inputs.fingerprint([ref]), timed_inputs.tolerance([ref], 1e-2, 1e-2)
+    tol = 1e-2 + 1e-2 * ref.abs()
+    assert timed_inputs.fingerprints_match(timed_inputs.fingerprint([ref + tol]), fp, scale)[0]
+    assert not timed_inputs.fingerprints_match(timed_inputs.fingerprint([prev]), fp, scale)[0]
+
+
+# ---- the parent's side of the rounds ----------------------------------------------------------------
+
+def _reference(plan, outs):
+    return {"rounds": [{"fp": timed_inputs.fingerprint(o), "scale": timed_inputs.tolerance(o, 1e-2, 1e-2)}
+                       for j, o in enumerate(outs)],
+            "round_outputs": {j: outs[j] for j in plan.keep}}
+
+
+def _play(session, outs, ms=1.0):
+    for j, o in enumerate(outs):
+        assert session.handle({"kind": "round_start", "j": j})["ok"]
+        rep = session.handle({"kind": "round_done", "j": j, "ms": ms, "fp": timed_inputs.fingerprint(o), "key": j})
+        assert rep["ok"]
+    return session.handle({"kind": "timing_done"})
+
+
+def test_round_protocol_reveals_one_seed_at_a_time_and_judges_every_call():
+    plan = TimingPlan.draw(2, 6, 1e-2, 1e-2)
+    assert len(plan.seeds) == 8 + 5 and len(plan.keep) == 2 and all(2 <= j < 8 for j in plan.keep)
+    outs = [[torch.randn(16, 16)] for _ in range(len(plan.seeds))]
+    ref = _reference(plan, outs)
+    s = RoundSession(plan)
+    assert not s.handle({"kind": "round_start", "j": 1})["ok"]  # a later seed before its turn: refused, and final
+    assert s.error and not s.handle({"kind": "round_start", "j": 0})["ok"]
+    s = RoundSession(plan)
+    assert _play(s, outs[:8]) == {"ok": True, "again": 0}
+    kept = {j: outs[j] for j in plan.keep}
+    keys = {j: j for j in range(len(plan.seeds))}
+    assert judge_rounds(ref, s, kept, RewardConfig(), keys) == ("ok", "")
+    assert judge_rounds(ref, s, kept, RewardConfig(), {**keys, 3: -1})[0] == "input_mutated"
+    stale = RoundSession(plan)
+    _play(stale, [outs[0], *outs[0:7]])  # from call 1 on, the previous call's output
+    assert judge_rounds(ref, stale, kept, RewardConfig(), keys)[0] == "output_cached"
+    nan = RoundSession(plan)
+    _play(nan, [outs[0], [torch.full((16, 16), float("nan"))], *outs[2:8]])
+    assert judge_rounds(ref, nan, kept, RewardConfig(), keys)[0] == "stale_output"
+    wrong_kept = {j: [outs[j][0] + 1] for j in plan.keep}
+    assert judge_rounds(ref, s, wrong_kept, RewardConfig(), keys)[0] == "incorrect_under_timing"
+    assert judge_rounds(ref, s, {}, RewardConfig(), keys)[0] == "timing_protocol"
+
+
+def test_a_median_below_the_floor_gets_a_second_pass():
+    plan = TimingPlan.draw(1, 4, 1e-2, 1e-2)
+    outs = [[torch.randn(4)] for _ in range(len(plan.seeds))]
+    s = RoundSession(plan, floor_ms=0.5)
+    assert _play(s, outs[:5], ms=0.1) == {"ok": True, "again": 5}
+    for j in range(5, 10):
+        s.handle({"kind": "round_start", "j": j})
+        s.handle({"kind": "round_done", "j": j, "ms": 0.7, "fp": timed_inputs.fingerprint(outs[j])})
+    assert s.handle({"kind": "timing_done"}) == {"ok": True, "again": 0}
+    assert s.done and s.median(main=True) == 0.1 and s.median(main=False) == 0.7
+
+
+def test_session_handler_routes_timing_messages_and_builds():
+    s = RoundSession(TimingPlan.draw(1, 2, 1e-2, 1e-2))
+    h = session_handler(s, lambda req: {"ok": True, "built": req["name"]})
+    assert h({"kind": "inline", "name": "ext"}) == {"ok": True, "built": "ext"}
+    assert "seed" in h({"kind": "round_start", "j": 0})
+
+
+def test_wall_clock_check_sees_a_clock_that_hides_the_forward():
+    plan = TimingPlan.draw(0, 5, 1e-2, 1e-2)
+    s = RoundSession(plan)
+    for j in range(5):
+        s.started[j] = 0.0
+        s.claims[j] = 0.01  # claimed: 10 microseconds
+        s.wall[j] = 40.0  # the parent saw 40 ms
+    ok, why = plausible(s, reference_overheads=[1.0] * 5)
+    assert not ok and "not the real one" in why
+    honest = RoundSession(plan)
+    for j in range(5):
+        honest.claims[j], honest.wall[j] = 30.0, 33.0  # slow and honest: 3 ms of harness work per call
+    assert plausible(honest, reference_overheads=[1.0] * 5)[0]
+
+
+# ---- the harness snapshot -----------------------------------------------------------------------------
+
+def test_snapshot_sees_code_swapped_under_an_unchanged_function():
+    from opsynth.verify import timing
+
+    snap = guards.HarnessSnapshot(extra_modules=[timing])
+    assert snap.changed() is None
+    orig = timing.Timer.time_call.__code__
+
+    def fast(self, fn, args):
+        return 0.001, fn(*args)
+
+    try:
+        timing.Timer.time_call.__code__ = fast.__code__
+        assert snap.changed() == "harness_patched:opsynth.verify.timing.Timer.time_call.__code__"
+    finally:
+        timing.Timer.time_call.__code__ = orig
+    assert snap.changed() is None
+
+
+def test_snapshot_sees_a_rewritten_builtin_timer_and_a_patched_timer_instance():
+    from opsynth.verify import timing
+
+    snap = guards.HarnessSnapshot()
+    # What native code does in a static initialiser: point time.thread_time's C function elsewhere.
+    f = time.thread_time
+    ml = ctypes.c_void_p.from_address(id(f) + 16)
+    orig = ml.value
+    other = ctypes.c_void_p.from_address(id(time.monotonic) + 16).value
+    try:
+        ml.value = other
+        assert snap.changed() == "timer_patched:time.thread_time (native)"
+    finally:
+        ml.value = orig
+    assert snap.changed() is None
+    timer = timing.Timer("cpu")
+    snap.watch("timer", timer)
+    timer.cuda = True
+    assert snap.changed() == "timer_patched:timer"
+
+
+# ---- the physical floor --------------------------------------------------------------------------------
+
+def test_physical_floor_is_the_outputs_at_peak_bandwidth():
+    meta = [[[1024, 65536], "float32"], [[8], "int64"]]
+    assert floor.output_bytes(meta) == 1024 * 65536 * 4 + 64
+    assert floor.floor_ms(meta, "cuda") == pytest.approx((1024 * 65536 * 4 + 64) / 4.8e12 * 1e3)
+    assert floor.flop_bound_ms(67e9, meta, "cuda") == pytest.approx(1.0)
+    assert floor.flop_bound_ms(None, meta, "cuda") is None
+
+
+def test_disabled_guards_are_named():
+    with pytest.raises(ValueError, match="unknown guard"):
+        RewardConfig(disabled_guards=["fresh_input"])
