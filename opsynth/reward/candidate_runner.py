@@ -127,7 +127,7 @@ def _same_bits(torch, a, b) -> bool:
 
 
 def sandbox_fd():
-    from opsynth.reward import sandbox
+    from opsynth.runtime import sandbox
 
     return sandbox.BUILD_FD
 

@@ -45,7 +45,7 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
     The same code as the candidate's rounds, so the parent's clock sees the same overhead."""
     import torch
 
-    from opsynth.reward import sandbox
+    from opsynth.runtime import sandbox
     from opsynth.reward.guards import poison_fill
     from opsynth.reward.rounds import Channel, run_rounds
     from opsynth.reward.timed_inputs import stack_trials, tolerance
