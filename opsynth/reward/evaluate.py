@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -54,8 +55,7 @@ class _Reference:
     eager_ms: float | None = None
     compile_ms: float | None = None
     plan: object = None  # the timed rounds' TimingPlan (opsynth.reward.rounds), shared by its candidates
-    overheads: list | None = None  # the reference's rounds: parent ms per round beyond the call's time
-    input_keys: dict | None = None  # the reference's rounds: hash of each round's inputs
+    rounds: object = None  # the reference's RoundSession: the parent's clock of its rounds, its input hashes
     floor_ms: float | None = None  # the physical floor (opsynth.reward.floor)
     flop_bound_ms: float | None = None
 
@@ -164,7 +164,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
 
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
-                      plan=plan, overheads=ref_rounds.overheads(), input_keys=dict(ref_rounds.keys), floor_ms=floor.floor_ms(meta, device),
+                      plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
                       flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device))
 
 
@@ -271,17 +271,22 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
         return "timing_protocol", rounds.error or "the timed rounds did not finish"
     ran = sorted(rounds.claims)
     fresh = "fresh_inputs" not in off
-    keys = {ref.input_keys.get(j) for j in ran} if fresh else set(range(min(len(ref.outputs["trials"]), len(ran))))
+    keys = {ref.rounds.keys.get(j) for j in ran} if fresh else set(range(min(len(ref.outputs["trials"]), len(ran))))
     details["timed_input_sets"] = len(keys)
     details["timed_outputs_checked"] = len(ran) if fresh else 0
     details["timed_outputs_compared"] = len(cand.get("rounds_kept") or {}) if fresh else 0
     times["candidate_ms"] = rounds.median(main=True)
+    # The parent's ms per timed call beyond the claimed time, the candidate's and the reference's (wall-clock check)
+    times["round_overhead_ms"] = round(statistics.median(rounds.overheads()), 3)
+    times["call_overhead_ms"] = round(statistics.median(rounds.call_overheads()), 3)
+    times["reference_round_overhead_ms"] = round(statistics.median(ref.rounds.overheads()), 3)
+    times["reference_call_overhead_ms"] = round(statistics.median(ref.rounds.call_overheads()), 3)
     if fresh:
-        verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.input_keys or {})
+        verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys)
         if verdict != "ok":
             return verdict, detail
     if "wall_clock" not in off:
-        ok, why = plausible(rounds, ref.overheads or [])
+        ok, why = plausible(rounds, ref.rounds)
         if not ok:
             return "implausible_timing", why
     if rounds.again:

@@ -92,11 +92,17 @@ def _reference(plan, outs):
             "round_outputs": {j: outs[j] for j in plan.keep}}
 
 
-def _play(session, outs, ms=1.0):
-    for j, o in enumerate(outs):
-        assert session.handle({"kind": "round_start", "j": j})["ok"]
-        rep = session.handle({"kind": "round_done", "j": j, "ms": ms, "fp": timed_inputs.fingerprint(o), "key": j})
-        assert rep["ok"]
+def _round(session, j, out, ms=1.0):
+    assert session.handle({"kind": "round_start", "j": j})["ok"]
+    assert session.handle({"kind": "round_ready", "j": j})["ok"]
+    assert session.handle({"kind": "round_returned", "j": j, "ms": ms})["ok"]
+    rep = session.handle({"kind": "round_done", "j": j, "fp": timed_inputs.fingerprint(out), "key": j})
+    assert rep["ok"]
+
+
+def _play(session, outs, ms=1.0, first=0):
+    for j, o in enumerate(outs, start=first):
+        _round(session, j, o, ms)
     return session.handle({"kind": "timing_done"})
 
 
@@ -108,6 +114,9 @@ def test_round_protocol_reveals_one_seed_at_a_time_and_judges_every_call():
     s = RoundSession(plan)
     assert not s.handle({"kind": "round_start", "j": 1})["ok"]  # a later seed before its turn: refused, and final
     assert s.error and not s.handle({"kind": "round_start", "j": 0})["ok"]
+    s = RoundSession(plan)
+    s.handle({"kind": "round_start", "j": 0})
+    assert not s.handle({"kind": "round_returned", "j": 0, "ms": 0.1})["ok"]  # a step skipped
     s = RoundSession(plan)
     assert _play(s, outs[:8]) == {"ok": True, "again": 0}
     kept = {j: outs[j] for j in plan.keep}
@@ -130,10 +139,7 @@ def test_a_median_below_the_floor_gets_a_second_pass():
     outs = [[torch.randn(4)] for _ in range(len(plan.seeds))]
     s = RoundSession(plan, floor_ms=0.5)
     assert _play(s, outs[:5], ms=0.1) == {"ok": True, "again": 5}
-    for j in range(5, 10):
-        s.handle({"kind": "round_start", "j": j})
-        s.handle({"kind": "round_done", "j": j, "ms": 0.7, "fp": timed_inputs.fingerprint(outs[j])})
-    assert s.handle({"kind": "timing_done"}) == {"ok": True, "again": 0}
+    assert _play(s, outs[5:10], ms=0.7, first=5) == {"ok": True, "again": 0}
     assert s.done and s.median(main=True) == 0.1 and s.median(main=False) == 0.7
 
 
@@ -144,19 +150,21 @@ def test_session_handler_routes_timing_messages_and_builds():
     assert "seed" in h({"kind": "round_start", "j": 0})
 
 
+def _clocked(claim, call_ms, round_ms, n=5):
+    s = RoundSession(TimingPlan.draw(0, n, 1e-2, 1e-2))
+    for j in range(n):
+        s.claims[j], s.call_wall[j], s.wall[j] = claim, call_ms, round_ms
+    return s
+
+
 def test_wall_clock_check_sees_a_clock_that_hides_the_forward():
-    plan = TimingPlan.draw(0, 5, 1e-2, 1e-2)
-    s = RoundSession(plan)
-    for j in range(5):
-        s.started[j] = 0.0
-        s.claims[j] = 0.01  # claimed: 10 microseconds
-        s.wall[j] = 40.0  # the parent saw 40 ms
-    ok, why = plausible(s, reference_overheads=[1.0] * 5)
-    assert not ok and "not the real one" in why
-    honest = RoundSession(plan)
-    for j in range(5):
-        honest.claims[j], honest.wall[j] = 30.0, 33.0  # slow and honest: 3 ms of harness work per call
-    assert plausible(honest, reference_overheads=[1.0] * 5)[0]
+    ref = _clocked(1.0, 1.2, 8.0)  # the reference: 0.2 ms around the call, 7 ms of harness work per round
+    ok, why = plausible(_clocked(0.01, 20.0, 27.0), ref)  # claims 10 us, the parent saw 20 ms around the call
+    assert not ok and "around the call" in why and "not the real one" in why
+    ok, why = plausible(_clocked(0.01, 0.3, 60.0), ref)  # work hidden before the call, while inputs are made
+    assert not ok and "over the round" in why
+    assert plausible(_clocked(0.5, 0.9, 9.0), ref)[0]  # honest and fast
+    assert plausible(_clocked(30.0, 33.0, 45.0), ref)[0]  # honest and slow on a loaded machine
 
 
 # ---- the harness snapshot -----------------------------------------------------------------------------

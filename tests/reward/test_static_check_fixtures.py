@@ -26,6 +26,11 @@ EXPECTED = {  # fixture -> static verdict (reason prefix); "ok" means only the r
     "triton_wrong": "ok",
     "functional": "forbidden_op:F.relu",
     "side_stream": "side_stream",
+    # issue 23: only the runtime guards see these
+    "graph_replay": "ok",  # its capture stream's name is pasted together by a macro: the text check misses it
+    "l2_persist": "ok",
+    "launch_fail": "ok",
+    "event_patch": "ok",  # py::exec inside a C++ static initialiser
 }
 
 
