@@ -230,6 +230,16 @@ def measure(job) -> dict:
                     except RuntimeError:  # an expanded (self-overlapping) view cannot be filled
                         pass
 
+        def check_outputs(outs, where: str):
+            """Plain tensors on the task's device, nothing else."""
+            for o in outs:
+                if not isinstance(o, torch.Tensor):
+                    raise Reject("wrong_type", f"{where}: output is {type(o).__name__}, not a tensor")
+                if type(o) is not torch.Tensor:
+                    raise Reject("tensor_subclass", f"{where}: output is a {type(o).__qualname__}")
+                if o.device.type != device:
+                    raise Reject("wrong_device", f"{where}: output on {o.device}")
+
         def device_state(where: str):
             """Launch errors the candidate left unchecked; a persisting-L2 set-aside."""
             if cstate is None:
@@ -280,13 +290,7 @@ def measure(job) -> dict:
                 raise Reject("side_stream", f"{where}: {audit.stream_use[0]} used inside forward")
             check_harness(where)
             outs = _outputs_list(out)
-            for o in outs:
-                if not isinstance(o, torch.Tensor):
-                    raise Reject("wrong_type", f"{where}: output is {type(o).__name__}, not a tensor")
-                if type(o) is not torch.Tensor:
-                    raise Reject("tensor_subclass", f"{where}: output is a {type(o).__qualname__}")
-                if o.device.type != device:
-                    raise Reject("wrong_device", f"{where}: output on {o.device}")
+            check_outputs(outs, where)
             reused.append(any(o.untyped_storage().data_ptr() in poisoned for o in outs))
             # Work still running after forward returned escaped the timed region.
             if cuda:
@@ -389,13 +393,7 @@ def measure(job) -> dict:
 
             def check_call(j, outs):
                 where = f"timed call {j}"
-                for o in outs:
-                    if not isinstance(o, torch.Tensor):
-                        raise Reject("wrong_type", f"{where}: output is {type(o).__name__}, not a tensor")
-                    if type(o) is not torch.Tensor:
-                        raise Reject("tensor_subclass", f"{where}: output is a {type(o).__qualname__}")
-                    if o.device.type != device:
-                        raise Reject("wrong_device", f"{where}: output on {o.device}")
+                check_outputs(outs, where)
                 device_state(where)
 
             def timed_pass(first: int, count: int) -> dict:

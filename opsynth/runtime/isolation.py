@@ -49,7 +49,6 @@ MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 
 PR_SET_PDEATHSIG = 1
-MNT_DETACH = 2
 
 _KEEP_FLAGS = {  # per-mount flags a remount must keep (the kernel refuses to drop locked ones)
     "nosuid": MS_NOSUID,
@@ -77,7 +76,6 @@ def _c():
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
         _libc.unshare.argtypes = [ctypes.c_int]
-        _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
         _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     return _libc
 
