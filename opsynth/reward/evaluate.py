@@ -226,7 +226,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     off = set(cfg.disabled_guards)
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms, "floor_ms": ref.floor_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
-    rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms)
+    rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms,
+                          reference=None if "wall_clock" in off else ref.rounds)
     # The first run of a fresh build compiles inside this child too, so allow for it.
     builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
     res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
@@ -288,11 +289,11 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     if "wall_clock" not in off:
         ok, why = plausible(rounds, ref.rounds)
         if not ok:
-            return "implausible_timing", why
+            return "implausible_timing", why + (" (in the second timed pass)" if rounds.again else "")
     if rounds.again:
         times["first_pass_ms"] = times["candidate_ms"]
         times["candidate_ms"] = rounds.median(main=False)
-        if "physical_floor" not in off and times["candidate_ms"] < ref.floor_ms:
+        if "physical_floor" not in off and ref.floor_ms is not None and times["candidate_ms"] < ref.floor_ms:
             return "below_physical_floor", (f"median {times['candidate_ms']:.6f} ms, measured twice (first {times['first_pass_ms']:.6f} ms), "
                                             f"is below the physical floor {ref.floor_ms:.6f} ms: the outputs alone take that long to write at the device's peak bandwidth")
     if ref.flop_bound_ms is not None:

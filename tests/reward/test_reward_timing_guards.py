@@ -221,3 +221,62 @@ def test_physical_floor_is_the_outputs_at_peak_bandwidth():
 def test_disabled_guards_are_named():
     with pytest.raises(ValueError, match="unknown guard"):
         RewardConfig(disabled_guards=["fresh_input"])
+
+
+def test_wall_clock_check_clears_an_honest_candidate_that_other_processes_delayed():
+    """Load from outside only inflates the parent's windows: seven of thirteen honest rounds 55 ms late
+    (another child compiling on a 2-core machine) is no patched clock."""
+    ref = _clocked(0.2, 0.4, 3.6, n=13)
+    honest = _clocked(0.26, 0.3, 5.0, n=13)
+    for j in range(7):
+        honest.call_wall[j], honest.wall[j] = 5.6, 56.0
+    assert plausible(honest, ref)[0]
+
+
+def test_wall_clock_check_sees_a_clock_patched_only_in_the_calls_that_set_the_median():
+    """Honest in the rest, so that a look at the least delayed round alone would clear it: the rounds
+    claiming no more than the median each hide 6 ms."""
+    ref = _clocked(0.2, 0.4, 3.6, n=13)
+    s = _clocked(6.3, 6.5, 10.0, n=13)  # honest rounds: 6.3 ms of work, claimed as such
+    for j in range(7):
+        s.claims[j] = 0.3  # the work still runs, the clock says 0.3 ms
+    ok, why = plausible(s, ref)
+    assert not ok and "around the call" in why, why
+
+
+def _report(s, j, claim, call_ms, round_ms):
+    """Drive one round through the session's handler with a fake parent clock."""
+    import opsynth.reward.rounds as rounds_mod
+
+    t = {"now": 1000.0 + j}
+    clock = iter([t["now"], t["now"] + 0.001, t["now"] + 0.001 + call_ms / 1e3, t["now"] + round_ms / 1e3])
+    real = rounds_mod.time.perf_counter
+    rounds_mod.time.perf_counter = lambda: next(clock)
+    try:
+        for kind, extra in (("round_start", {}), ("round_ready", {}), ("round_returned", {"ms": claim}),
+                            ("round_done", {"fp": [], "key": "k"})):
+            assert s.handle({"kind": kind, "j": j, **extra})["ok"]
+    finally:
+        rounds_mod.time.perf_counter = real
+
+
+def test_a_pass_that_looks_patched_is_timed_again_and_judged_on_the_second_pass():
+    """Every round of a short pass can be stalled from outside (a CPU quota's throttling): such a pass
+    gets a second one, and the verdict is the second pass's; a clock patched in both stays caught."""
+    plan = TimingPlan.draw(0, 6, 1e-2, 1e-2)
+    ref = _clocked(0.2, 0.4, 3.6, n=len(plan.seeds))
+    for stalled_again, expect in ((False, True), (True, False)):
+        s = RoundSession(plan, reference=ref)
+        for j in range(plan.main):
+            _report(s, j, 0.26, 0.3, 56.0)  # stalled: 56 ms over a round that claims 0.26 ms
+        rep = s.handle({"kind": "timing_done"})
+        assert rep["again"] == len(plan.seeds) - plan.main
+        for j in range(plan.main, len(plan.seeds)):
+            _report(s, j, 0.26, 0.3, 56.0 if stalled_again else 4.0)
+        assert s.handle({"kind": "timing_done"})["ok"] and s.done
+        ok, why = plausible(s, ref)
+        assert ok is expect, why
+    quiet = RoundSession(plan, reference=ref)
+    for j in range(plan.main):
+        _report(quiet, j, 0.26, 0.3, 4.0)
+    assert quiet.handle({"kind": "timing_done"})["again"] == 0

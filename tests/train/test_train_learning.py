@@ -18,10 +18,12 @@ from collections import defaultdict
 
 import pytest
 
-# Two children measure at once: the timings overlap (the correctness checks do not care, and the
-# fast and slow candidates differ by far more than the overlap costs); no separate build children
-# (the three candidates share one extension, built once into the cache).
-REWARD_ENV = {"device": "cpu", "prebuild": False, "measure_workers": 2}
+# Two children in flight (one times while the other starts); no separate build children (the three
+# candidates share one extension, built once into the cache). One torch thread each: with two, every
+# parallel op of the harness around a timed call (fresh inputs, fingerprints) waits at its barrier for
+# a thread the other child has preempted, rounds stall by ~50 ms on a 2-core machine, and the
+# wall-clock check rightly cannot tell that from a clock that hides work.
+REWARD_ENV = {"device": "cpu", "prebuild": False, "measure_workers": 2, "cpu_threads": 1}
 
 
 def _pass_rate_by_step(out: str) -> dict[int, float]:
