@@ -128,6 +128,7 @@ def enter(
     readable: list[str] = (),
     ids: tuple[int, int] | None = None,
     syscall_filter: bool = True,
+    private: list[str] | None = None,
 ) -> None:
     """Confine the calling process (a fresh fork; single-threaded) and its future children.
 
@@ -138,6 +139,11 @@ def enter(
     `ids` (uid, gid): started as root, the child ends as these; `readable` are the paths it must
     still reach as that uid (the interpreter, the package, the extension cache). Whatever the start,
     it ends with no capabilities, `no_new_privs`, and the system-call filter (`syscall_filter`).
+
+    `private` (None: `private_folders()`): folders replaced by skeletons that hold only the needed
+    paths below them, whatever their modes. A child that keeps its caller's uid (an ordinary user's
+    evaluator) could otherwise read all that user's files: the Hub token in the home folder, the
+    scratch folders of its sibling candidates.
     """
     from opsynth.runtime import privileges
 
@@ -172,8 +178,11 @@ def enter(
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the process above
     try:
         _confine_mounts(writable, hidden)
-        if switch:
-            expose([*readable, *writable], writable, ids[0])
+        if private is None:
+            private = private_folders(switched=switch)
+        if switch or private:
+            expose([*readable, *writable], writable, ids[0] if switch else None, private=private,
+                   by_modes=switch)
         privileges.drop_all(*(ids if switch else (None, None)))
         if syscall_filter:
             syscall_filter_module().install()
@@ -255,8 +264,24 @@ def _usable_by(path: str, uid: int | None) -> bool:
     return bool(st.st_mode & (0o001 if os.path.isdir(path) else 0o004))
 
 
-def expose(paths: list[str], writable: list[str] = (), uid: int | None = None) -> None:
-    """Let an unprivileged uid reach `paths` through folders it could not pass (root's 0700 home).
+def private_folders(switched: bool) -> list[str]:
+    """Folders a child must not browse. Switched to a uid of its own (started as root), the modes
+    already keep it out of what is not world-readable (the evaluator's 0700 home, its siblings' 0700
+    scratch folders, each owned by another sandbox uid), so none. Kept at its caller's uid: the
+    caller's home, temporary folders (sibling scratch folders are there), shared memory and runtime
+    folder, whose files that uid owns."""
+    if switched:
+        return []
+    import tempfile
+
+    cand = [os.path.expanduser("~"), tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm", f"/run/user/{os.getuid()}"]
+    return list(dict.fromkeys(os.path.realpath(c) for c in cand if c and os.path.isdir(c) and os.path.realpath(c) != "/"))
+
+
+def expose(paths: list[str], writable: list[str] = (), uid: int | None = None, private: list[str] = (),
+           by_modes: bool = True) -> None:
+    """Let a child reach `paths` and no more through some folders: those an unprivileged uid could not
+    pass (root's 0700 home; `by_modes`) and the `private` ones, whatever their modes.
 
     Each such folder is replaced, in this mount namespace only, by a read-only skeleton that holds
     exactly the needed paths (bound from the original, read-only unless in `writable`); everything
@@ -267,12 +292,35 @@ def expose(paths: list[str], writable: list[str] = (), uid: int | None = None) -
     writable = [os.path.realpath(w) for w in writable]
     # A needed folder the uid could not enter anyway (a 0700 folder of root's on sys.path) is left
     # out, so that it does not block the needed paths below it (they get skeleton folders instead).
-    real = [p for p in real if _usable_by(p, uid)]
-    groups: dict[str, list[str]] = {}  # highest blocked folder -> the needed paths below it
+    if by_modes:
+        real = [p for p in real if _usable_by(p, uid)]
+    covered = {os.path.realpath(f) for f in private if os.path.isdir(f)}
+    if by_modes:
+        covered |= {b for b in map(_blocking_ancestor, real) if b is not None}
+    covered -= set(real)  # a folder needed whole stays whole
+
+    def above(p: str) -> str | None:  # the nearest covered folder strictly above p
+        tops = [c for c in covered if c != p and _inside(p, [c])]
+        return max(tops, key=len) if tops else None
+
+    # Each covered folder's skeleton holds the needed paths whose nearest covered folder it is, and
+    # the covered folders below it that hold needed paths (bound whole, then narrowed by their own
+    # skeleton, mounted after it: the original is reached through that bind). A covered folder below
+    # a needed path is reached through that path's bind.
+    groups: dict[str, list[str]] = {}
     for p in real:
-        b = _blocking_ancestor(p)
-        if b is not None and not _inside(p, groups.get(b, [])):
-            groups.setdefault(b, []).append(p)
+        c = above(p)
+        if c is not None:
+            groups.setdefault(c, []).append(p)
+    for c in sorted(groups, key=len, reverse=True):
+        up = above(c)
+        if up is not None and not any(_inside(c, [p]) for p in groups.get(up, [])):
+            groups.setdefault(up, []).append(c)
+    for c in covered:
+        if c not in groups and (above(c) is None or any(_inside(c, [p]) for p in groups.get(above(c), []))):
+            groups[c] = []  # nothing needed below it: an empty skeleton
+    for c in groups:
+        groups[c] = [p for p in groups[c] if not any(o != p and _inside(p, [o]) for o in groups[c])]
     for b in sorted(groups, key=len):
         fd = os.open(b, os.O_PATH | os.O_DIRECTORY)
         try:

@@ -19,7 +19,7 @@ PRELUDE = (CANDS / "cpu" / "ext_prelude.py").read_text()
 DOORS = (
     "remount_rw", "umount_cover", "unshare_userns_mount", "mount_tmpfs", "mount_proc", "setns", "chroot",
     "ptrace_parent", "signal_parent", "read_key", "write_dev_shm", "write_tmp", "write_baselines",
-    "write_ccache", "write_package",
+    "write_ccache", "write_package", "read_home_secret", "read_sibling_scratch",
 )
 
 _CPP = r'''
@@ -46,6 +46,17 @@ static const char* PKG = "@PKG@";
 static const char* TAG = "@TAG@";
 static const int TARGET = @TARGET@;
 static const bool SAFE = @SAFE@;
+static const char* SECRET = "@SECRET@";
+static const char* SIBLING = "@SIBLING@";
+
+static bool can_read(const char* path) {
+    FILE* f = std::fopen(path, "r");
+    if (!f) return false;
+    char buf[8];
+    bool got = std::fread(buf, 1, sizeof buf, f) > 0;
+    std::fclose(f);
+    return got;
+}
 
 // Run f in a forked child (so a namespace or root change cannot disturb this process) and report
 // whether it succeeded.
@@ -128,6 +139,9 @@ static int64_t attack(const char* where) {
     { int fd = open((cache + "/baselines.json").c_str(), O_WRONLY | O_APPEND); if (fd >= 0) { mask |= 1 << 12; close(fd); } }
     if (can_create(cache + "/ccache/door_" + tag)) mask |= 1 << 13;
     if (can_create(pkg + "/door_" + tag)) mask |= 1 << 14;
+    // 15 a token in the evaluator's home, 16 a file in a sibling candidate's scratch folder
+    if (can_read(SECRET)) mask |= 1 << 15;
+    if (can_read(SIBLING)) mask |= 1 << 16;
     std::printf("DOORS %s=%lld\n", where, (long long)mask);
     std::fflush(stdout);
     return mask;
@@ -164,8 +178,11 @@ class ModelNew(nn.Module):
 '''
 
 
-def door_source(cache: Path, pkg: Path, target_pid: int, tag: str, safe: bool = False, prelude: str = PRELUDE) -> str:
+def door_source(cache: Path, pkg: Path, target_pid: int, tag: str, safe: bool = False, prelude: str = PRELUDE,
+                secret: Path | str = "/nonexistent", sibling: Path | str = "/nonexistent") -> str:
+    """`secret`: a file in the evaluator's home; `sibling`: a file in another candidate's scratch folder."""
     cpp = (_CPP.replace("@CACHE@", str(cache)).replace("@PKG@", str(pkg)).replace("@TAG@", tag)
+           .replace("@SECRET@", str(secret)).replace("@SIBLING@", str(sibling))
            .replace("@TARGET@", str(int(target_pid))).replace("@SAFE@", "true" if safe else "false"))
     return prelude + f"\n_DOOR_CPP = r'''{cpp}'''\n" + textwrap.dedent(_PY).replace("@TAG@", tag)
 

@@ -4,7 +4,8 @@ One correct, slow candidate (the naive linear+relu) carries a C++ extension that
 out of the sandbox (tests/runtime/doors.py) from its static initialiser and again from forward:
 remount read-write, unmount the cover over the signing key, a new user+mount namespace, fresh tmpfs
 and proc mounts, setns, chroot, ptrace and signal the evaluator, read the key by path, write into
-/dev/shm, /tmp, the baseline cache, the compiler cache and the package. A second one is the exploit
+/dev/shm, /tmp, the baseline cache, the compiler cache and the package, read a Hub token in the
+evaluator's home and a file in a sibling candidate's scratch folder. A second one is the exploit
 that was seen: unmount the cover, read the key, re-sign baselines 1000x slower. The static
 pre-check is off: only the sandbox stands in the way.
 
@@ -20,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -112,16 +115,35 @@ def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _plant(tmp: Path, as_uid: int | None) -> tuple[Path, Path]:
+    """A Hub token in the evaluator's home and a file in a sibling's scratch folder (0700, made where
+    the evaluator makes its scratch folders), for the doors that try to read them."""
+    secret = tmp / "home" / ".cache" / "huggingface" / "token"
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_text("hf_door_secret_in_home")
+    secret.chmod(0o600)
+    tmpdir = tmp / "tmp" if as_uid is not None else Path(tempfile.gettempdir())
+    sibling = tmpdir / f"opsynth_sibling_{os.getpid()}_{tmp.name}" / "job_candidate.json"
+    sibling.parent.mkdir(parents=True, exist_ok=True)
+    sibling.parent.chmod(0o700)
+    sibling.write_text('{"candidate": "the sibling\'s source"}')
+    return secret, sibling
+
+
 def _confined_session(tmp: Path, as_uid: int | None, device: str = "cpu") -> dict:
     cache = tmp / "cache"
     (tmp / "home").mkdir(exist_ok=True)
+    secret, sibling = _plant(tmp, as_uid)
     slow, prelude = (SLOW, PRELUDE) if device == "cpu" else (GPU_SLOW, GPU_PRELUDE)
-    first = _run(tmp, cache, [slow], "auto", as_uid, device)[0]
-    trusted_before = _tree_digest(cache, skip=("tmp",))
-    pkg_before = _tree_digest(PKG, skip=("__pycache__",))
-    strays_before = _strays()
-    door, exploit = _run(tmp, cache, [door_source(cache, PKG, os.getpid(), "confined", prelude=prelude), _exploit(cache, prelude)],
-                         "auto", as_uid, device)
+    try:
+        first = _run(tmp, cache, [slow], "auto", as_uid, device)[0]
+        trusted_before = _tree_digest(cache, skip=("tmp",))
+        pkg_before = _tree_digest(PKG, skip=("__pycache__",))
+        strays_before = _strays()
+        door, exploit = _run(tmp, cache, [door_source(cache, PKG, os.getpid(), "confined", prelude=prelude, secret=secret,
+                                                      sibling=sibling), _exploit(cache, prelude)], "auto", as_uid, device)
+    finally:
+        shutil.rmtree(sibling.parent, ignore_errors=True)
     again = _run(tmp, cache, [slow], "auto", as_uid, device)[0]
     return {
         "first": first, "door": door, "exploit": exploit, "again": again, "masks": parse_masks(door["log"]),
@@ -193,12 +215,17 @@ def test_control_without_isolation_the_doors_open_and_the_exploit_pays(tmp_path)
     """reward.isolation=none: the same C++ opens the doors, and the re-signing exploit works."""
     cache = tmp_path / "cache"
     (tmp_path / "home").mkdir()
+    secret, sibling = _plant(tmp_path, None)
     first = _run(tmp_path, cache, [SLOW], "none")[0]
     assert first["reward"] == 1, first
-    door = _run(tmp_path, cache, [door_source(cache, PKG, os.getpid(), "control", safe=True)], "none")[0]
+    try:
+        door = _run(tmp_path, cache, [door_source(cache, PKG, os.getpid(), "control", safe=True, secret=secret, sibling=sibling)],
+                    "none")[0]
+    finally:
+        shutil.rmtree(sibling.parent, ignore_errors=True)
     masks = parse_masks(door["log"])
     expect = {"mount_tmpfs", "mount_proc", "chroot", "signal_parent", "read_key", "write_dev_shm", "write_tmp",
-              "write_baselines", "write_package", "unshare_userns_mount"}
+              "write_baselines", "write_package", "unshare_userns_mount", "read_home_secret", "read_sibling_scratch"}
     for where in ("init", "forward"):
         assert expect <= {d for d, ok in masks[where].items() if ok}, (where, masks[where])
     assert door["reward"] == -1  # a door that opened zeroes the output: it can never pass as correct
@@ -212,4 +239,4 @@ def test_control_without_isolation_the_doors_open_and_the_exploit_pays(tmp_path)
 
 
 def test_doors_are_listed_once():
-    assert len(set(DOORS)) == len(DOORS) == 15
+    assert len(set(DOORS)) == len(DOORS) == 17
