@@ -67,7 +67,7 @@ def run(cfg: Any) -> dict:
         summary = audit(settings)
     except AuditError as e:
         raise cli.UsageError(str(e)) from None
-    print(format_table(summary), file=sys.stderr if not settings.progress else sys.stdout, flush=True)
+    print(format_table(summary), flush=True)
     print(f"wrote {summary['out']}/audit.json and {summary['out']}/verdicts.parquet", flush=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "settings"}, default=str), flush=True)
     return summary
