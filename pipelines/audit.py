@@ -25,7 +25,12 @@ SWITCHES = {"--band": "band=true", "--no-compile": "compile=false", "--no-kb": "
             "--no-progress": "progress=false"}
 
 
+TEXT_KEYS = {"source", "out", "split", "revision"}  # quoted: a path or id may hold characters Hydra parses
+
+
 def _quoted(key: str, value: str) -> str:
+    if key not in TEXT_KEYS:
+        return f"{key}={value}"
     return f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
 
 
