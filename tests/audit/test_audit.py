@@ -150,3 +150,21 @@ def test_flags_become_overrides():
 
     assert to_overrides(["data/x", "--out", "o", "--no-compile", "limit=3", "--max-batch=2"]) == [
         "source='data/x'", "out='o'", "compile=false", "limit=3", "max_batch=2"]
+
+
+@pytest.mark.slow
+def test_the_benchmark_script_audits_a_folder_and_writes_its_table_and_json(clean_folder, kernelbench_parquet, tmp_path,
+                                                                             capsys):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import audit_run
+
+    out = tmp_path / "bench.json"
+    result = audit_run.main(["--folder", str(clean_folder), "--n-tasks", "4", "--device", "cpu", "--out", str(out),
+                             *[a for kv in ("compile_backend=eager", f"kb_path={kernelbench_parquet}", "n_workers=1",
+                                            "progress=false") for a in ("--audit-override", kv)]])
+    assert result["generate"] == {"rows": 4}  # the folder already held n_tasks rows: nothing generated
+    assert result["audit"]["kept"] == 4 and result["kept_ok"]
+    assert set(result["mixture"]) == {"torch#1", "torch#2", "torch#3", "torch#4", "torch#5", "transformers#1"}
+    assert sum(m["rows"] for m in result["mixture"].values()) == 4
+    assert json.loads(out.read_text())["audit"]["rows"] == 4
+    assert "transformers#1" in capsys.readouterr().out
