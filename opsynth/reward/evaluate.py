@@ -410,7 +410,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
 
     def reference(task):
         say("[reward] reference: Model outputs, eager and torch.compile timings")
-        ref = _prepare_reference(*task, cfg=cfg, device=device)
+        ref = _prepare_reference(task[0], cfg, device, task[1])
         say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
         return ref
 
