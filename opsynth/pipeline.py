@@ -331,6 +331,8 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
         "torch_version": res.torch_version or "",
         **kb_row,
         "seed": int(seed),
+        "mode": res.mode,
+        "trace_signature": res.signature,
     }
     rec["calib_steps"] = res.calib_steps
     return rec
@@ -435,17 +437,20 @@ class _Committer:
     """Applies worker results in candidate order: within-run dedup, shard writes, counts."""
 
     def __init__(self, cfg: GenerateConfig, writer, stats, state: dict):
-        from opsynth.dedup import NearDupIndex
+        from opsynth.dedup import NearDupIndex, SemanticDupIndex
         from opsynth.graph import OpGraph
         from opsynth.shards import iter_rows
 
         self.cfg, self.writer, self.stats = cfg, writer, stats
-        # Exact duplicates by graph signature and near-duplicates by MinHash-LSH, rebuilt from the
-        # rows already written so that a resumed run decides exactly as an uninterrupted one.
+        # Exact duplicates by graph signature, near-duplicates by MinHash-LSH and semantic duplicates
+        # by the traced call graph, rebuilt from the rows already written so that a resumed run
+        # decides exactly as an uninterrupted one.
         self.neardup = NearDupIndex.from_config(cfg.dedup)
+        self.semantic = SemanticDupIndex()
         on_disk = []
-        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed"]):
+        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed", "trace_signature"]):
             self.neardup.add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
+            self.semantic.add(row["task_id"], row["trace_signature"])
             on_disk.append((int(row["seed"]), row["task_id"]))
         self.next_index = int(state.get("next_index", 0))
         self.examples: list[dict] = list(state.get("examples", []))
@@ -491,12 +496,19 @@ class _Committer:
             return
         reason = rec.get("reason")
         if rec["accepted"]:
+            from opsynth.dedup.semantic import REASON as SEMANTIC
+
             exact_before = self.neardup.counts["exact_duplicate"]
-            dup = self.neardup.add(row["task_id"], row["code"], signature=rec["signature"])
-            if dup is not None:
+            same_calls = self.semantic.find(row["trace_signature"])  # a dict lookup: first
+            dup = same_calls or self.neardup.add(row["task_id"], row["code"], signature=rec["signature"])
+            if same_calls is not None:
+                reason, rec["evidence"] = SEMANTIC, {"duplicate_of": same_calls}
+            elif dup is not None:
                 exact = self.neardup.counts["exact_duplicate"] > exact_before
                 reason = "duplicate_signature" if exact else "near_duplicate"
                 rec["evidence"] = {"duplicate_of": dup}
+            else:
+                self.semantic.add(row["task_id"], row["trace_signature"])
         if reason:
             self.stats.reject(reason)
             if sum(1 for e in self.examples if e["reason"] == reason) < 3:

@@ -92,3 +92,28 @@ def with_second_shape(source: str) -> str | None:
         return set_batch_size(source, second_batch_size(bs))
     except ValueError:
         return None
+
+
+# The mode a task's Model runs in (the row's `mode` column). A Model whose output is the same in
+# train and eval mode is an "eval" task (what the reward has always run); one whose output differs
+# (BatchNorm's batch statistics, say) means what it computes as constructed, which is train mode
+# (KernelBench runs such tasks so). The verifier decides it (`opsynth.verify.checks.choose_mode`);
+# the verifier's later checks, its compile check and the reward's reference and candidate all put
+# the model in that mode with `set_mode`, and nowhere else.
+MODES = ("train", "eval")
+DEFAULT_MODE = "eval"  # for a task whose row does not say (an Ops-6K row, a task file on disk)
+
+
+def check_mode(mode: str | None) -> str:
+    """The mode, `DEFAULT_MODE` for None; a ValueError naming the choices for anything else."""
+    if mode is None or mode == "":
+        return DEFAULT_MODE
+    if mode not in MODES:
+        raise ValueError(f"task mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def set_mode(model, mode: str | None):
+    """Put `model` (an nn.Module) in the task's mode; returns it."""
+    model.train(check_mode(mode) == "train")
+    return model

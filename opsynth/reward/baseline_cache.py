@@ -28,8 +28,12 @@ def _device_name(device: str) -> str:
     return f"cpu-{os.cpu_count()}"
 
 
-def cache_key(cfg, task_code: str, device: str) -> str:
+def cache_key(cfg, task_code: str, device: str, mode: str | None = None) -> str:
+    """The entry of this task's baselines; a train-mode task's is its own (an eval-mode task keeps
+    the key it had before tasks had modes)."""
     import torch
+
+    from opsynth.render.task_file import check_mode
 
     warm, reps = cfg.timing(device)
     parts = [
@@ -38,6 +42,8 @@ def cache_key(cfg, task_code: str, device: str) -> str:
         torch.__version__,
         f"w{warm}r{reps}l2{int(cfg.flush_l2)}t{cfg.resolved_cpu_threads(device)}c{int(cfg.compile_baseline)}",
     ]
+    if check_mode(mode) != "eval":
+        parts.append(f"mode={check_mode(mode)}")
     return "|".join(parts)
 
 
@@ -80,10 +86,10 @@ def _sign(key: bytes, cache_k: str, entry: dict) -> str:
     return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 
-def lookup(cfg, task_code: str, device: str) -> dict | None:
+def lookup(cfg, task_code: str, device: str, mode: str | None = None) -> dict | None:
     """The cached timings for this task, or None when absent or when the entry does not verify."""
     path = _path(cfg)
-    k = cache_key(cfg, task_code, device)
+    k = cache_key(cfg, task_code, device, mode)
     with _locked(path):
         entry = _read(path).get(k)
     if not isinstance(entry, dict):
@@ -94,13 +100,14 @@ def lookup(cfg, task_code: str, device: str) -> dict | None:
     return entry
 
 
-def store(cfg, task_code: str, device: str, eager_ms: float | None, compile_ms: float | None) -> None:
+def store(cfg, task_code: str, device: str, eager_ms: float | None, compile_ms: float | None,
+          mode: str | None = None) -> None:
     if eager_ms is None:
         return
     path = _path(cfg)
     with _locked(path):
         data = _read(path)
-        k = cache_key(cfg, task_code, device)
+        k = cache_key(cfg, task_code, device, mode)
         entry = {
             "eager_ms": eager_ms,
             "compile_ms": compile_ms,

@@ -145,6 +145,7 @@ def measure(job) -> dict:
         torch.ones(1, device="cuda").add_(1)
         torch.cuda.synchronize()
     cuda_init_s = round(time.perf_counter() - t_ctx, 3)
+    from opsynth.render.task_file import set_mode  # bound before the candidate is imported
     from opsynth.reward import candidate_runner
     from opsynth.verify import timing
 
@@ -188,7 +189,7 @@ def measure(job) -> dict:
             torch.manual_seed(int(job["init_seed"]))
             with torch.device(device):
                 model = ModelNew(*init_inputs)
-            model = model.to(device).eval()
+            model = set_mode(model.to(device), job.get("task_mode"))  # the task's mode, as the reference
         except Reject:
             raise
         except Exception:

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsynth.render.task_file import check_mode
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
 from opsynth.reward.eval_types import EvalResult, RewardConfig, reward_from_times
 
@@ -103,17 +104,18 @@ def _device_env(cfg: RewardConfig, device: str) -> dict:
     return {"CUDA_VISIBLE_DEVICES": gpu_key(cfg.resolved_device_index())}
 
 
-def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Reference:
+def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode: str | None = None) -> _Reference:
     from opsynth.reward import baseline_cache
     from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
     scratch = _tmpdir("opsynth_ref_")
     (scratch / "task.py").write_text(task_code)
-    cached = baseline_cache.lookup(cfg, task_code, device)
+    cached = baseline_cache.lookup(cfg, task_code, device, task_mode)
     rng = secrets.SystemRandom()
     job = {
         "task_path": str(scratch / "task.py"),
+        "task_mode": check_mode(task_mode),  # the reference and the candidate run Model / ModelNew so
         "device": device,
         "trial_seeds": [rng.randrange(1, 2**62) for _ in range(cfg.num_trials)],
         "second_seed": rng.randrange(1, 2**62),
@@ -157,7 +159,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str) -> _Refer
     if cached is not None:
         eager_ms, compile_ms = cached["eager_ms"], cached["compile_ms"]
     else:
-        baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms)
+        baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms, task_mode)
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
     from opsynth.reward import floor
@@ -195,6 +197,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
                 "output_meta": ref.job["output_meta"],
                 "has_second": ref.job["has_second"],
                 "init_seed": ref.job["init_seed"],
+                "task_mode": ref.job["task_mode"],
                 "timing": ref.job["timing"],
                 "flush_l2": cfg.flush_l2,
                 "outputs_path": str(scratch / "cand_outputs.pt"),
@@ -321,20 +324,24 @@ def _cleanup(path: Path | None, cfg: RewardConfig) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = None, progress=None) -> EvalResult:
+def evaluate(task_code: str, candidate: str | Path, cfg: RewardConfig | None = None, progress=None,
+             mode: str | None = None) -> EvalResult:
     """Reward of one candidate for one task. Never raises for anything the candidate does.
+
+    `mode`: the task's train/eval mode (its row's `mode` column; `opsynth.render.task_file`).
 
     The reference run (eager and torch.compile baselines) and the candidate's build overlap;
     `progress(message)`, when given, hears one line per phase.
     """
     t0 = time.perf_counter()
-    result = evaluate_many([(task_code, candidate)], cfg, progress=progress)[0]
+    result = evaluate_many([(task_code, candidate, mode)], cfg, progress=progress)[0]
     result.times["wall_s"] = round(time.perf_counter() - t0, 3)
     return result
 
 
 def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client=None, progress=None) -> list[EvalResult]:
-    """Evaluate (task_code, candidate) pairs, overlapping CPU builds with device measurement.
+    """Evaluate (task_code, candidate) pairs, overlapping CPU builds with device measurement. A pair
+    may carry the task's mode third, `(task_code, candidate, mode)` (default: `task_file.DEFAULT_MODE`).
 
     `on_result(index, result)`, when given, is called (from a worker thread) as each result is known,
     for progress reporting; an exception it raises is ignored. `progress(message)` hears phases.
@@ -348,10 +355,10 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
     finish before anything is timed, since builds and timings would share the cores.
     """
     cfg = cfg or RewardConfig()
+    pairs = [_with_mode(p) for p in pairs]
     if client is not None:
-        return _evaluate_on_cluster(list(pairs), cfg, client, on_result, progress)
+        return _evaluate_on_cluster(pairs, cfg, client, on_result, progress)
     device = cfg.resolved_device()
-    pairs = list(pairs)
     say = _sayer(progress)
     results: list[EvalResult | None] = [None] * len(pairs)
     specs: dict[int, CandidateSpec] = {}
@@ -363,7 +370,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
             except Exception:  # progress reporting must never lose a batch
                 pass
 
-    for i, (_task, cand) in enumerate(pairs):
+    for i, (_task, cand, _mode) in enumerate(pairs):
         spec, early = _precheck(cand, cfg, device)
         if early is not None:
             results[i] = early
@@ -388,7 +395,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
     by_digest: dict[str, list[int]] = {}
     for i in specs:
         by_digest.setdefault(specs[i].digest(), []).append(i)
-    say(f"[reward] {len(specs)} candidate(s), {len(by_digest)} distinct, {len({pairs[i][0] for i in specs})} task(s) on {device}")
+    say(f"[reward] {len(specs)} candidate(s), {len(by_digest)} distinct, {len({_task_of(pairs[i]) for i in specs})} task(s) on {device}")
 
     def build(digest):
         i = by_digest[digest][0]
@@ -403,7 +410,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
 
     def reference(task):
         say("[reward] reference: Model outputs, eager and torch.compile timings")
-        ref = _prepare_reference(task, cfg, device)
+        ref = _prepare_reference(task[0], cfg, device, task[1])
         say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
         return ref
 
@@ -415,7 +422,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
         return res
 
     def _measure_one(j, bres):
-        ref = ref_futs[pairs[j][0]].result()
+        ref = ref_futs[_task_of(pairs[j])].result()
         if not ref.ok:
             return EvalResult.rejected(ref.reason, ref.log, device=device)
         if bres.reason != "ok":
@@ -436,7 +443,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
         ) as mpool:
             def submit_references():
                 for i in specs:
-                    task = pairs[i][0]
+                    task = _task_of(pairs[i])
                     if task not in ref_futs:
                         ref_futs[task] = mpool.submit(reference, task)
 
@@ -470,6 +477,19 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
                 _cleanup(f.result().scratch, cfg)
     return _with_settings([r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device)
                            for r in results], cfg)
+
+
+def _with_mode(pair) -> tuple:
+    """(task_code, candidate, mode) from a pair with or without its task's mode."""
+    task_code, candidate, *rest = pair
+    if len(rest) > 1:
+        raise ValueError(f"a pair is (task_code, candidate) or (task_code, candidate, mode), got {len(pair)} items")
+    return task_code, candidate, check_mode(rest[0] if rest else None)
+
+
+def _task_of(pair: tuple) -> tuple[str, str]:
+    """What one reference run serves: the task's code in its mode."""
+    return pair[0], pair[2]
 
 
 def _with_settings(results: list[EvalResult], cfg: RewardConfig) -> list[EvalResult]:
@@ -544,9 +564,9 @@ def _evaluate_on_cluster(pairs: list, cfg: RewardConfig, client, on_result, prog
     cfg_dict = dataclasses.asdict(cfg)
     if gpu and cfg.device == "auto":
         cfg_dict["device"] = "cuda"
-    by_task: dict[str, list[int]] = {}
-    for i, (task, _c) in enumerate(pairs):
-        by_task.setdefault(task, []).append(i)
+    by_task: dict[tuple[str, str], list[int]] = {}
+    for i, pair in enumerate(pairs):
+        by_task.setdefault(_task_of(pair), []).append(i)
     shares: list[list[int]] = [[] for _ in targets]
     for idx in sorted(by_task.values(), key=len, reverse=True):  # largest task groups first, to the lightest share
         min(shares, key=len).extend(idx)

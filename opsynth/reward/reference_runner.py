@@ -126,7 +126,7 @@ def _run(job: dict):
     compile baseline needs, or None)."""
     import torch
 
-    from opsynth.render.task_file import load_task_module, with_second_shape
+    from opsynth.render.task_file import load_task_module, set_mode, with_second_shape
     from opsynth.reward.compare import as_output_list
     from opsynth.verify.timing import Timer, time_forward
 
@@ -140,7 +140,7 @@ def _run(job: dict):
         torch.manual_seed(int(job["init_seed"]))
         with torch.device(device):
             model = mod.Model(*init_inputs)
-        model = model.to(device).eval()
+        model = set_mode(model.to(device), job.get("task_mode"))
     except Exception:
         traceback.print_exc()
         return {"reason": "task_error"}, None

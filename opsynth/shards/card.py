@@ -159,13 +159,24 @@ def _checks_section(stats: RunStats) -> list[str]:
                           f"promised [{lo}, {hi}] ms; a first timing within {v.get('recheck_zone')}x of an edge is "
                           f"repeated ({v.get('recheck_timings')} timings, median decides)"), "a measurement"],
         ["finite, not constant", "no NaN or Inf; not every element equal to the first", "bitwise"],
+        ["inputs from the random generator", "`get_inputs()` under two seeds: at least one tensor differs "
+         "(`fixed_inputs` otherwise)", "bitwise"],
+        ["train/eval mode (column `mode`)", (f"outputs in train and eval mode compared within atol {v.get('atol')}, "
+                                             f"rtol {v.get('rtol')}: `train` when they differ (BatchNorm's batch "
+                                             "statistics), else `eval`; every later check, and the reward, run the "
+                                             "task in that mode"), "tolerance"],
+        ["no unused state", ("one watched forward in the task's mode: every parameter, buffer and submodule "
+                             "`Model.__init__` makes is read (`unused_state` otherwise)"), "exact"],
         ["deterministic", (f"two forwards on the same inputs agree within atol {v.get('det_atol')}, "
                            f"rtol {v.get('det_rtol')}"), "tolerance (cuDNN algorithms and atomics may reorder sums)"],
         ["input-sensitive", f"outputs for two random inputs differ beyond atol {v.get('atol')}, rtol {v.get('rtol')}",
          "tolerance"],
         ["`torch.compile` matches eager", (f"within atol {v.get('atol')}, rtol {v.get('rtol')} on two inputs "
                                            f"(backend `{v.get('compile_backend')}`)"), "tolerance"],
-    ])]
+        ["no semantic duplicate", ("no two rows share a `trace_signature`: the forward's torch calls and their "
+                                   "wiring, up to sizes and constants (`semantic_duplicate` otherwise)"), "exact"],
+    ]), "", ("`python -m pipelines.audit <folder or Hub id>` runs these checks, through the same code, on any "
+             "dataset in the Ops-6K format and writes `audit.json` and a per-row verdict Parquet.")]
     return out
 
 
@@ -187,11 +198,14 @@ def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name:
         "2. **Render**: the graph becomes a self-contained task file (`code`).\n"
         "3. **Verify**: `batch_size` is chosen from the seed and a cost model (no clock is read; see "
         "below), then each task runs in a sandboxed child process with a timeout, eagerly and under "
-        "`torch.compile`; tasks with randomness, non-deterministic, constant or input-independent outputs are "
-        "rejected, and so are tasks whose eager runtime is not inside the band below by its edge margin; "
+        "`torch.compile`; tasks with randomness, non-deterministic, constant or input-independent outputs, "
+        "fixed inputs or state that `forward` never reads are rejected, and so are tasks whose eager runtime "
+        "is not inside the band below by its edge margin; each row's `mode` says whether `Model` runs in train "
+        "or eval mode; "
         f"runtimes are medians measured on `{stats.device}`.\n"
         "4. **Dedup**: tasks whose `Model` is too similar (AST similarity) to any KernelBench problem are "
-        "dropped, and near-duplicates within the run are removed.\n"
+        "dropped, and semantic duplicates (same traced call graph up to sizes and constants) and near-duplicates "
+        "within the run are removed.\n"
         "5. **Write**: accepted rows are written to zstd Parquet shards in the Hub layout."
     )
     out += ["", "## Operator-count mixture", ""]

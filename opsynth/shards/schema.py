@@ -34,6 +34,8 @@ SCHEMA = pa.schema(
         pa.field("kb_max_similarity", pa.float64(), nullable=True),
         pa.field("kb_nearest", pa.string(), nullable=True),
         pa.field("seed", pa.int64(), nullable=False),
+        pa.field("mode", pa.string(), nullable=False),
+        pa.field("trace_signature", pa.string(), nullable=False),
     ]
 )
 
@@ -53,6 +55,10 @@ DESCRIPTIONS: dict[str, str] = {
     "kb_max_similarity": "highest AST similarity to any KernelBench problem (null when not checked)",
     "kb_nearest": "the most similar KernelBench problem (null when not checked)",
     "seed": "sampler seed that produced the graph",
+    "mode": "`train` or `eval`: the mode `Model` runs in (`train` when its output differs between the two, "
+            "e.g. BatchNorm's batch statistics); the verifier and the reward run it so",
+    "trace_signature": "hash of the forward's torch calls and their wiring, up to sizes and constants "
+                       "(no two rows share one)",
 }
 
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 REQUIRED_COLUMNS = ("code", "ops", "num_ops", "task_id")
 # Columns the training stage carries along; anything else in the shards is dropped on load.
-KEPT_COLUMNS = REQUIRED_COLUMNS + ("data_source", "eager_ms", "compile_ms", "device")
+KEPT_COLUMNS = REQUIRED_COLUMNS + ("data_source", "eager_ms", "compile_ms", "device", "mode")
 
 SPLITS = ("train", "heldout", "all")
 

@@ -77,6 +77,8 @@ def prompt_record(row: dict[str, Any], chat: bool, brief: str = KERNEL_BRIEF) ->
         "task_code": row["code"],
         "task_id": row["task_id"],
         "num_ops": int(row["num_ops"]),
+        # The mode the reward runs the task in (rows made before the column, and Ops-6K's, have none).
+        "mode": row.get("mode") or "eval",
     }
 
 

@@ -114,14 +114,16 @@ class KernelReward:
         texts: list[str],
         task_ids: list[str | None] | None = None,
         from_completions: bool = True,
+        modes: list[str | None] | None = None,
     ) -> list[EvalRecord]:
         """Evaluate a batch in one reward-environment call; results come back in input order.
 
         `from_completions`: the texts are model completions (code is extracted first, and one with
         no code scores -1 `no_code` without a child process); otherwise they are candidate sources
-        or workspace paths, handed over as they are.
+        or workspace paths, handed over as they are. `modes`: each task's train/eval mode (its row's
+        `mode` column); None runs every task in `task_file.DEFAULT_MODE`.
         """
-        return [record for record, _ in self.judge(task_codes, texts, task_ids, from_completions)]
+        return [record for record, _ in self.judge(task_codes, texts, task_ids, from_completions, modes)]
 
     def judge(
         self,
@@ -129,12 +131,14 @@ class KernelReward:
         texts: list[str],
         task_ids: list[str | None] | None = None,
         from_completions: bool = True,
+        modes: list[str | None] | None = None,
     ) -> list[tuple[EvalRecord, Any]]:
         """As `evaluate_batch`, keeping each environment verdict (`EvalResult`: its log, times and
         details) beside its record, for the feedback turn. One `evaluate_many` call for the batch."""
         from opsynth.reward.eval_types import EvalResult
 
         task_ids = list(task_ids) if task_ids else [None] * len(texts)
+        modes = list(modes) if modes else [None] * len(texts)
         out: list[tuple[EvalRecord, Any] | None] = [None] * len(texts)
         pairs, where = [], []
         for i, (code, text) in enumerate(zip(task_codes, texts)):
@@ -145,12 +149,12 @@ class KernelReward:
                     res = EvalResult.rejected("no_code", "no fenced ```python block with a program in the answer")
                     out[i] = (EvalRecord(task_id=task_ids[i], reward=-1.0, correct=False, reason="no_code"), res)
                     continue
-            pairs.append((code, cand))
+            pairs.append((code, cand) if modes[i] is None else (code, cand, modes[i]))
             where.append(i)
         if pairs:
             # Identical completions for the same task (common once a group agrees) share one
             # evaluation: the verdict on one program for one task does not depend on who wrote it.
-            unique: dict[tuple[str, str], int] = {}
+            unique: dict[tuple, int] = {}
             for p in pairs:
                 unique.setdefault(p, len(unique))
             try:
@@ -174,10 +178,12 @@ class KernelReward:
         task_id: list[str] | None = None,
         log_metric: Callable[[str, float], None] | None = None,
         trainer_state: Any = None,
+        mode: list[str] | None = None,
         **_: Any,
     ) -> list[float]:
         texts = [completion_text(c) for c in completions]
-        records = self.evaluate_batch(list(task_code), texts, list(task_id) if task_id else None)
+        records = self.evaluate_batch(list(task_code), texts, list(task_id) if task_id else None,
+                                      modes=list(mode) if mode else None)
         step = int(getattr(trainer_state, "global_step", 0) or 0)
         self.append_log(records, step)
         if log_metric is not None:

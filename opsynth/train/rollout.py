@@ -114,9 +114,16 @@ class MultiTurnRollout:
             self.reward.append_log(records, step, extra)
 
         lockstep = getattr(getattr(trainer, "accelerator", None), "num_processes", 1) > 1
+        mode_of = {r.get("task_id"): r.get("mode") for r in rows}  # each task runs in its row's mode
+
+        def judge(codes, texts, task_ids):
+            if not any(mode_of.values()):
+                return self.reward.judge(codes, texts, task_ids)
+            return self.reward.judge(codes, texts, task_ids, modes=[mode_of.get(t) for t in task_ids])
+
         episodes = run_episodes(
             [list(p) for p in prompt_ids], [r["code"] for r in rows], [r.get("task_id") for r in rows],
-            generate=self._generate_with(trainer), judge=self.reward.judge,
+            generate=self._generate_with(trainer), judge=judge,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True), codec=codec, cfg=self.cfg,
             lockstep=lockstep, timing=timing, on_turn=log_turn, feedback=self.feedback,
         )

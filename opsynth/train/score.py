@@ -115,7 +115,8 @@ def score_candidates(
     present = [(r, find_candidate(folder, r["task_id"])) for r in rows]
     have = [(r, c) for r, c in present if c is not None]
     records = reward.evaluate_batch([r["code"] for r, _ in have], [c for _, c in have],
-                                    [r["task_id"] for r, _ in have], from_completions=False)
+                                    [r["task_id"] for r, _ in have], from_completions=False,
+                                    modes=[r.get("mode") for r, _ in have])
     missing = [EvalRecord(task_id=r["task_id"], reward=-1.0, correct=False, reason="missing_candidate")
                for r, c in present if c is None]
     return records + missing
@@ -180,9 +181,12 @@ def score_episodes(
 
     work = [r for r in rows for _ in range(samples_per_task)]
     reward = reward or KernelReward(eval_cfg)
+    mode_of = {r["task_id"]: r.get("mode") for r in work}  # each task runs in its row's mode
+    judge = reward.judge if not any(mode_of.values()) else (
+        lambda codes, texts, ids: reward.judge(codes, texts, ids, modes=[mode_of.get(t) for t in ids]))
     episodes = run_episodes(
         prompt_ids or prompt_ids_for(tokenizer, work, chat), [r["code"] for r in work], [r["task_id"] for r in work],
-        generate=hf_generate(model, tokenizer, max_new_tokens, temperature), judge=reward.judge,
+        generate=hf_generate(model, tokenizer, max_new_tokens, temperature), judge=judge,
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         codec=TurnCodec(tokenizer, chat), cfg=EpisodeConfig(turns=turns), feedback=feedback or format_feedback,
     )

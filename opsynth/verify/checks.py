@@ -217,3 +217,57 @@ def check_input_sensitive(a: list[torch.Tensor], b: list[torch.Tensor], atol: fl
     if close(a, b, atol, rtol):
         raise Reject("input_insensitive", "outputs for two different random inputs are equal within tolerance",
                      max_abs_diff=max_diff(a, b))
+
+
+def check_inputs_vary(a: list[Any], b: list[Any]) -> None:
+    """Reject a `get_inputs()` whose values do not depend on the random generator: called under two
+    seeds, no tensor it returns differs (`torch.ones`, `torch.arange`, a constant list). One
+    varying tensor is enough (a fixed index tensor next to a random input is a real task)."""
+    pairs = [(x, y) for x, y in zip(a, b) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)]
+    for x, y in pairs:
+        if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+            return
+    what = f"its {len(pairs)} tensor(s) are equal" if pairs else "it returns no tensor"
+    raise Reject("fixed_inputs", f"get_inputs() under seeds {SEED_INPUTS} and {SEED_INPUTS_ALT}: {what}")
+
+
+def trace_forward(model: torch.nn.Module, inputs: list[Any], default: str = "eager_error"):
+    """One watched forward (`opsynth.verify.tracing.ForwardTrace`) on copies of the inputs."""
+    from .tracing import ForwardTrace
+
+    try:
+        return ForwardTrace(model, _cloned(inputs))
+    except BaseException as exc:  # noqa: BLE001
+        raise classify(exc, default) from None
+
+
+def choose_mode(model: torch.nn.Module, inputs: list[Any], atol: float, rtol: float):
+    """The task's mode (`opsynth.render.task_file`): "train" when the outputs in train and in eval
+    mode differ beyond atol/rtol, else "eval". Runs one watched forward in each mode (eval first:
+    it changes no state) and puts every buffer back as it was (a train-mode BatchNorm updates its
+    running statistics); the model is left in the chosen mode. Returns (mode, that mode's trace)."""
+    from opsynth.render.task_file import set_mode
+
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+    set_mode(model, "eval")
+    t_eval = trace_forward(model, inputs)
+    set_mode(model, "train")
+    t_train = trace_forward(model, inputs)
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n in saved:
+                b.copy_(saved[n])
+    same = close(flat_tensors(t_eval.out), flat_tensors(t_train.out), atol, rtol)
+    mode, trace = ("eval", t_eval) if same else ("train", t_train)
+    set_mode(model, mode)
+    t_eval.out = t_train.out = None
+    return mode, trace
+
+
+def check_state_used(model: torch.nn.Module, trace) -> None:
+    """Reject a Model whose `__init__` made parameters, buffers or submodules its forward (in the
+    task's mode) never reads: a kernel that ignores them is still correct, and they teach nothing."""
+    unused = trace.unused_state(model)
+    if unused:
+        raise Reject("unused_state", f"Model.__init__ makes {', '.join(unused[:8])} but forward never reads "
+                     f"{'it' if len(unused) == 1 else 'them'}", unused=unused)

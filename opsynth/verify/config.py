@@ -71,6 +71,9 @@ class VerifyConfig:
     compile_backend: str = "inductor"
     compile_mode: str | None = None
     check_compile: bool = True
+    # Reject tasks whose eager median is outside the acceptance window. The audit of a dataset
+    # measured on another device turns it off: a band is a property of the device it was timed on.
+    check_band: bool = True
 
     # Tolerances: compile-vs-eager match and input sensitivity use atol/rtol (the reward's 1e-2);
     # determinism uses a much tighter pair (identical up to float reassociation, which CUDA

@@ -16,8 +16,8 @@ replaces workers that died, reported a CUDA fault, or served ``max_tasks_per_wor
 
 Per task: an eager request (checks + timing; a timing near an edge of the acceptance window is
 repeated in the worker and the median decides), accepted when the eager median is inside
-``cfg.accept_window`` (the band less its edge margin), then one compile request checks
-torch.compile. Sizes are the caller's (the generate pipeline picks them with the cost model); only
+``cfg.accept_window`` (the band less its edge margin; not asked with ``check_band=false``), then
+one compile request checks torch.compile in the mode the eager request chose (``result.mode``). Sizes are the caller's (the generate pipeline picks them with the cost model); only
 with ``calibrate=true`` is the eager request repeated while ``batch_size`` is rescaled from timings.
 
 With ``verify.sandbox`` on (by default for sources the sampler did not generate: ``sampled=False``)
@@ -491,9 +491,9 @@ class WorkerPool:
         history: list[dict[str, Any]] = []
         replies: list[tuple[str, dict[str, Any]]] = []  # what each request took (stages.stage_seconds)
 
-        def ask(op: str) -> dict[str, Any]:
+        def ask(op: str, **extra: Any) -> dict[str, Any]:
             try:
-                rep = self._request(index, {"op": op, "source": src})
+                rep = self._request(index, {"op": op, "source": src, **extra})
             except WorkerGone as gone:
                 gone.evidence.update(stage=op, history=history)
                 gone.source, gone.calib_steps, gone.replies = src, steps, replies  # type: ignore[attr-defined]
@@ -524,7 +524,7 @@ class WorkerPool:
             eager_ms, peak_mb = rep["eager_ms"], rep["peak_mem_mb"]
             history.append({"batch_size": batch, "eager_ms": eager_ms, "peak_mem_mb": peak_mb,
                             "timings": rep.get("timings")})
-            if lo_ms <= eager_ms <= hi_ms:
+            if lo_ms <= eager_ms <= hi_ms or not cfg.check_band:
                 break
             band = "too_fast" if eager_ms < lo_ms else "too_slow"
             ev = {"stage": "band", "eager_ms": eager_ms,
@@ -552,13 +552,14 @@ class WorkerPool:
         if target is not None:
             evidence["target_ms"] = target
         compile_ms = None
+        facts = {"mode": rep.get("mode"), "signature": rep.get("signature"), "calls": rep.get("calls")}
         if cfg.check_compile:
-            crep = ask("compile")
+            crep = ask("compile", mode=facts["mode"])
             if not crep["ok"]:
                 return reject(crep["reason"], {"stage": "compile", **crep["evidence"]},
-                              eager_ms=eager_ms, peak_mem_mb=peak_mb)
+                              eager_ms=eager_ms, peak_mem_mb=peak_mb, **facts)
             compile_ms = crep["compile_ms"]
             evidence["compile_s"] = crep["compile_s"]
             evidence["compile_backend"] = cfg.compile_backend
         return self._result(ACCEPTED, src, t0, replies, eager_ms=eager_ms, compile_ms=compile_ms, peak_mem_mb=peak_mb,
-                            calib_steps=steps, evidence=evidence)
+                            calib_steps=steps, evidence=evidence, **facts)

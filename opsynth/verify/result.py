@@ -28,7 +28,9 @@ REASONS: dict[str, str] = {
     "no_tensor_output": "forward returned no tensor",
     "non_finite": "output has NaN or Inf",
     "constant_output": "every element of an output is the same value",
+    "unused_state": "Model.__init__ makes parameters, buffers or submodules that forward (in the task's mode) never reads",
     "nondeterministic": "the same inputs and weights gave different outputs twice",
+    "fixed_inputs": "get_inputs() returns the same values under two seeds (they do not come from the random generator)",
     "input_insensitive": "two different random inputs gave outputs equal within tolerance",
     "mem_cap": "peak memory of inputs, weights and activations is above the memory cap (measured, or "
                "predicted by the cost model at batch_size 1)",
@@ -58,6 +60,10 @@ class VerifyResult:
     elapsed_s: float = 0.0  # wall time this verification took, worker restarts included
     stage_s: dict[str, float] = field(default_factory=dict)  # where elapsed_s went (verify/stages.py)
     gpu_sections: list = field(default_factory=list)  # (start, end) wall-clock seconds of device work
+    # Known once the eager checks passed (opsynth.verify.checks.choose_mode, opsynth.verify.tracing):
+    mode: str | None = None  # "train" or "eval": the mode the task means (opsynth.render.task_file)
+    signature: str | None = None  # the forward's call graph up to sizes and constants
+    calls: list | None = None  # the forward's torch calls, normalised names, in order
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

@@ -234,10 +234,19 @@ class Worker:
                            peak_mem_mb=peak / 2**20)
         C.check_finite(out1, "first")
         C.check_not_constant(out1)
+        inputs_b = C.make_inputs(mod, dev, C.SEED_INPUTS_ALT)
+        C.check_inputs_vary(inputs, inputs_b)
+        # The task's mode, and what its forward reads and calls in that mode (two watched forwards).
+        mode, trace = C.choose_mode(model, inputs, c.atol, c.rtol)
+        C.check_state_used(model, trace)
+        if mode != "train":  # out1 ran as constructed (train mode): the checks below are the mode's
+            del out1
+            out1 = C.flat_tensors(C.forward(model, inputs, dev))
+            C.check_finite(out1, "first")
+            C.check_not_constant(out1)
         out2 = C.flat_tensors(C.forward(model, inputs, dev))
         C.check_deterministic(out1, out2, c.det_atol, c.det_rtol)
         del out2
-        inputs_b = C.make_inputs(mod, dev, C.SEED_INPUTS_ALT)
         out_b = C.flat_tensors(C.forward(model, inputs_b, dev))
         C.check_finite(out_b, "second")
         C.check_input_sensitive(out1, out_b, c.atol, c.rtol)
@@ -254,9 +263,12 @@ class Worker:
             raise C.classify(exc, "eager_error") from None
         clock = "cuda_events" if dev == "cuda" else cpu_clock()[0]
         return {"eager_ms": eager_ms, "timed_runs": n, "timings": timings, "clock": clock,
-                "peak_mem_mb": peak / 2**20, "outputs": spec}
+                "peak_mem_mb": peak / 2**20, "outputs": spec, "mode": mode, "signature": trace.signature(),
+                "calls": trace.op_names()}
 
-    def compile(self, source: str) -> dict[str, Any]:
+    def compile(self, source: str, mode: str | None = None) -> dict[str, Any]:
+        from opsynth.render.task_file import set_mode
+
         from . import checks as C
 
         torch, dev, c = self.torch, self.device, self.cfg
@@ -270,6 +282,7 @@ class Worker:
         torch._dynamo.reset()
         mod = C.load_task(source)
         model = C.build_model(mod, dev)
+        set_mode(model, mode)  # the mode the eager request chose
         inputs = C.make_inputs(mod, dev, C.SEED_INPUTS)
         inputs_b = C.make_inputs(mod, dev, C.SEED_INPUTS_ALT)
         ref = C.flat_tensors(C.forward(model, inputs, dev))
@@ -343,7 +356,7 @@ class Worker:
                 if op == "eager":
                     data = self.eager(msg["source"])
                 elif op == "compile":
-                    data = self.compile(msg["source"])
+                    data = self.compile(msg["source"], msg.get("mode"))
                 elif op == "peaks":
                     data = self.peaks()
                 else:

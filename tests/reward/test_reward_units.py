@@ -366,3 +366,21 @@ def test_a_workspace_candidate_gets_the_same_build_key_from_any_scratch_folder(t
     changed = dict(second, files={**second["files"], "chain.cpp": second["files"]["chain.cpp"] + "\n// edit\n"})
     assert key(changed) != key(second)
     assert key(_workspace_request(tmp_path / "c", monkeypatch, extra_header="#define X 1\n")) != key(first)
+
+
+def test_a_pair_carries_its_tasks_mode_and_one_reference_serves_each_code_and_mode():
+    """The row's `mode` reaches the reference and candidate jobs; a train-mode task is its own
+    reference run and its own baseline-cache entry (an eval-mode task keeps its old key)."""
+    from opsynth.reward import baseline_cache
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.reward.evaluate import _task_of, _with_mode
+
+    assert _with_mode(("code", "cand")) == ("code", "cand", "eval")
+    assert _with_mode(("code", "cand", "train")) == ("code", "cand", "train")
+    assert _task_of(_with_mode(("code", "a", "train"))) != _task_of(_with_mode(("code", "b")))
+    with pytest.raises(ValueError, match="task mode must be one of train, eval"):
+        _with_mode(("code", "cand", "inference"))
+    cfg = RewardConfig(device="cpu")
+    eval_key = baseline_cache.cache_key(cfg, "code", "cpu")
+    assert baseline_cache.cache_key(cfg, "code", "cpu", "eval") == eval_key
+    assert baseline_cache.cache_key(cfg, "code", "cpu", "train") == eval_key + "|mode=train"

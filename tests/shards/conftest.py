@@ -25,6 +25,8 @@ def _row(i: int) -> dict:
         "kb_max_similarity": None if i % 4 == 0 else 0.1 + (i % 8) / 10,
         "kb_nearest": None if i % 4 == 0 else f"level2/{i % 7}",
         "seed": 1000 + i,
+        "mode": "eval" if i % 5 else "train",
+        "trace_signature": f"{i:016x}",
     }
 
 

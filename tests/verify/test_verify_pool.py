@@ -43,6 +43,12 @@ FAULTY = {
                               "        if torch.compiler.is_compiling():\n            return y + 1.0\n"
                               "        return y\n"), "compile_mismatch"),
     "input_insensitive": (task("        return self.lin.weight * 2.0 + 0.0 * x.sum()\n"), "input_insensitive"),
+    # Model.__init__ makes a Linear that forward never reads (a kernel ignoring it is still correct).
+    "unused_state": (task("        return torch.relu(x) * 2.0\n"), "unused_state"),
+    # get_inputs() ignores the random generator: the same values under every seed.
+    "fixed_inputs": (task("        return torch.relu(self.lin(x))\n",
+                          inputs="[torch.linspace(-1, 1, batch_size * features).reshape(batch_size, features)]"),
+                     "fixed_inputs"),
     "syntax_error": (GOOD.replace("def forward(self, x):", "def forward(self, x)"), "syntax_error"),
     "missing_get_inputs": (GOOD.replace("def get_inputs", "def get_inputz"), "missing_definitions"),
     # A few microseconds, and no batch_size to scale: cannot be calibrated into the band.
@@ -159,3 +165,20 @@ def test_cuda_device_side_assert_is_recycled():
         assert r_bad.reason == "cuda_error", r_bad.evidence
         assert r_good.accepted, r_good.evidence
         assert p.alive() == 1
+
+
+# BatchNorm in train mode normalises by the batch's statistics, in eval mode by its running ones.
+BATCHNORM = task("        return torch.relu(self.bn(self.lin(x)))\n",
+                 init="        self.lin = nn.Linear(features, features)\n        self.bn = nn.BatchNorm1d(features)\n")
+# GOOD respelled: F.relu for torch.relu, another size: the same call graph.
+RESPELLED = task("        y = self.lin(x)\n        return F.relu(y)\n", sizes="batch_size = 16\nfeatures = 256\n",
+                 imports="import torch.nn.functional as F\n")
+
+
+def test_the_mode_and_call_graph_come_back_with_an_accepted_task(pool):
+    good, bn, respelled = pool.verify_many([GOOD, BATCHNORM, RESPELLED])
+    for r in (good, bn, respelled):
+        assert r.accepted, (r.reason, r.evidence)
+    assert good.mode == "eval" and bn.mode == "train"  # outputs differ between modes: train, as constructed
+    assert good.calls == ["linear", "relu"] and "batch_norm" in bn.calls
+    assert respelled.signature == good.signature != bn.signature
