@@ -1,20 +1,18 @@
-"""The generate pipeline: sample -> render -> (KernelBench check) -> verify on Dask workers,
-then dedup -> write on the driver, until `n_tasks` tasks are accepted.
+"""The generate driver: candidates -> Dask workers -> results committed in candidate order.
 
-Candidates are numbered; candidate i is sampled from seed `seed * 1_000_000_007 + i`. Workers may
-finish in any order, but the driver *commits* results strictly in candidate order, so which tasks
-are accepted (and in what row order) depends only on the seed and the config, never on timing of
-the scheduler. That is what makes a killed run resumable to exactly the rows of an uninterrupted
-one: `.opsynth-state.json` records the next candidate to commit whenever the shards are flushed,
-and a rerun starts there, with the within-run dedup state rebuilt from the rows already written.
+Candidates are numbered; candidate i is sampled from seed `seed * 1_000_000_007 + i`
+(`opsynth.generate.config.candidate_seed`). Workers (`opsynth.generate.candidate`) may finish in
+any order, but the driver *commits* results strictly in candidate order, so which tasks are
+accepted (and in what row order) depends only on the seed and the config, never on timing of the
+scheduler. That is what makes a killed run resumable to exactly the rows of an uninterrupted one:
+the state file (`opsynth.generate.state`) records the next candidate to commit whenever the shards
+are flushed, and a rerun starts there, with the within-run dedup state rebuilt from the rows
+already written.
 
 Sizes come before verification and never from a clock: `opsynth.verify.sizing` picks each
 candidate's `batch_size` from its seed and a cost model (FLOPs and bytes counted on meta tensors,
 at fixed reference rates); the verifier's timing only accepts or rejects. So the same seed and
 settings give the same task code on every run, however loaded the machine.
-
-The KernelBench check runs on the worker *before* verification: it costs milliseconds against
-seconds of eager and compiled runs.
 
 The state file also carries the *row ledger* (seed and task_id of every committed row) and the
 shard files written; a rerun checks the folder against them first (`opsynth.shards.integrity`), so
@@ -25,410 +23,25 @@ missing seeds are regenerated.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import logging
 import math
-import os
 import signal
-import sys
-import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsynth.cluster import ClusterConfig, start_cluster
-from opsynth.dedup import DedupConfig
-from opsynth.graph import SamplerConfig
-from opsynth.verify import VerifyConfig
+from opsynth.cluster import start_cluster
+from opsynth.generate import state as statefile
+from opsynth.generate.candidate import measure_peaks, process_candidate
+from opsynth.generate.config import SEED_STRIDE, GenerateConfig, candidate_seed, describe_run, plain
+from opsynth.generate.state import DatasetFolderError, read_ledger, rows_with_ids
 
-log = logging.getLogger("opsynth.pipeline")
+log = logging.getLogger("opsynth.generate")
 
-# Hidden, and not "state.json": `datasets.load_dataset(folder)` refuses a folder holding a
-# state.json (it takes it for a `save_to_disk` folder). The push uploads only data and card.
-STATE_FILE = ".opsynth-state.json"
-SEED_STRIDE = 1_000_000_007
-CPU_SCALE = 0.1  # sampler size scale when verifying on CPU and sampler.scale is null
 # Accepted rows whose eager time is within this factor of an edge of the acceptance window are
 # counted (report: run.cost_model.near_edge_rows): those a 25 % timing error could have rejected.
 NEAR_EDGE = 1.25
-
-
-@dataclass
-class GenerateConfig:
-    n_tasks: int = 20
-    output_dir: str = "data/opsynth-ops"
-    seed: int = 0
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    verify: VerifyConfig = field(default_factory=VerifyConfig)
-    dedup: DedupConfig = field(default_factory=DedupConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    kb_check: bool = True  # decontaminate against KernelBench
-    rows_per_shard: int = 10_000
-    row_group_size: int = 1_000
-    flush_every: int = 50  # commit shards and state at least every this many accepted rows
-    max_in_flight: int = 0  # 0: 4 x the cluster's slots
-    # Stop after this many candidates in all (resumed runs included, so a resumed run stops where an
-    # uninterrupted one would) even if n_tasks is not reached (0: 200 x n_tasks).
-    max_candidates: int = 0
-    repo_id: str | None = None  # named in the dataset card's loading example
-    progress: bool = True
-    write_card: bool = True
-    # A folder whose shards lost rows the state file lists (a shard deleted, truncated, unreadable)
-    # is refused; repair=true regenerates exactly the missing seeds and sets damaged files aside.
-    repair: bool = False
-
-    def validate(self) -> None:
-        if self.n_tasks < 1:
-            raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
-        if not self.output_dir:
-            raise ValueError("output_dir must be a folder path")
-        blocked = next((p for p in [Path(self.output_dir), *Path(self.output_dir).parents]
-                        if p.exists() and not p.is_dir()), None)
-        if blocked is not None:
-            raise ValueError(f"output_dir={self.output_dir}: {blocked} is a file, not a folder; give a new folder "
-                             "or the folder of an earlier run (to resume it)")
-        if self.flush_every < 1:
-            raise ValueError("flush_every must be >= 1")
-        self.sampler.validate()
-        self.cluster.validate()
-        self.verify.check_compile_backend()
-        _check_output_dir(Path(self.output_dir), self.write_card)
-
-    def check_machine(self) -> None:
-        """What this machine must have for these settings (validate() checks the settings alone):
-        verify=cuda on a local cluster needs a GPU, or the local workers start and fail candidate
-        after candidate. (On Slurm or a scheduler the workers have their own devices.)"""
-        if self.verify.device == "cuda" and self.cluster.kind in ("local", "local_cuda"):
-            from opsynth.cluster import visible_gpus
-
-            if visible_gpus() == 0:
-                raise ValueError("verify=cuda, but this machine has no GPU that torch can see "
-                                 "(torch.cuda.device_count() is 0); use verify=auto or verify=cpu here, or a "
-                                 "cluster whose workers have GPUs (cluster=slurm_gpu, cluster=scheduler)")
-
-
-def _check_output_dir(out: Path, write_card: bool) -> None:
-    """A folder the run can write, and nothing of the user's that the run would overwrite."""
-    existing = next(p for p in [out, *out.parents] if p.exists())
-    try:  # a probe, not a guess from permission bits: root passes os.access on /proc
-        probe = tempfile.mkdtemp(prefix=".opsynth-probe-", dir=existing)
-        os.rmdir(probe)
-    except OSError as e:
-        raise ValueError(f"output_dir={out}: cannot write in {existing} ({e.strerror or type(e).__name__}); "
-                         "give a folder you can write to") from None
-    card = out / "README.md"
-    if write_card and card.is_file():
-        from opsynth.shards.card import is_dataset_card
-
-        if not is_dataset_card(card):
-            raise ValueError(f"output_dir={out} holds a README.md that is not an opsynth dataset card, and the run "
-                             "would replace it with one; move it away or give another output_dir")
-
-
-def candidate_seed(seed: int, index: int) -> int:
-    return seed * SEED_STRIDE + index
-
-
-class DatasetFolderError(RuntimeError):
-    """The output folder is not what its state file says (a shard deleted, truncated or unreadable,
-    an unreadable state file); the one-line message names the file and what to do."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker side: one candidate, start to finish. Runs inside a Dask worker process; the heavy
-# objects (catalog, verify pool, KernelBench index) are built once per process and reused.
-# ---------------------------------------------------------------------------------------------
-
-_CTX: dict[str, Any] = {}
-_CTX_LOCK = threading.Lock()
-_AST_LOCK = threading.RLock()
-
-
-def serialize_ast_parse() -> None:
-    """Make `ast.parse` one-at-a-time in this process (idempotent).
-
-    Candidates run in a Dask worker's threads, and each parses Python source (render, task_id, the
-    KernelBench check, the verifier's calibration). On CPython before 3.13, concurrent `ast.parse`
-    calls can fail with "SystemError: AST constructor recursion depth mismatch" when a garbage
-    collection switches threads mid-conversion (python/cpython#106905): a good candidate would
-    become a timing-dependent rejection, and a resumed run would no longer match an uninterrupted
-    one. Parsing a task takes milliseconds against seconds of verification, so the lock costs
-    nothing measurable."""
-    import ast
-
-    if sys.version_info >= (3, 13) or getattr(ast.parse, "_opsynth_serialized", False):
-        return
-    original = ast.parse
-
-    @functools.wraps(original)
-    def parse(*args, **kwargs):
-        with _AST_LOCK:
-            return original(*args, **kwargs)
-
-    parse._opsynth_serialized = True  # type: ignore[attr-defined]
-    ast.parse = parse
-
-
-def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool) -> dict:
-    """The per-process sampler, verify pool and KernelBench index for these settings. Each part is
-    rebuilt only when its own settings change (a new verify pool costs a torch import per worker;
-    a new sampler or index costs milliseconds to seconds)."""
-    def key(*parts) -> str:
-        return json.dumps(parts, sort_keys=True, default=str)
-
-    serialize_ast_parse()
-    with _CTX_LOCK:
-        if "catalog" not in _CTX:
-            from opsynth.catalog import load_catalog, quiet_standalone_modules
-
-            quiet_standalone_modules()  # the cost model's replays build attention modules standalone
-            _CTX["catalog"] = load_catalog()
-        if _CTX.get("sampler_key") != key(sampler_cfg, verify_cfg["device"]):
-            from opsynth.graph import Sampler
-
-            _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"]),
-                        sampler_key=key(sampler_cfg, verify_cfg["device"]))
-        if _CTX.get("kb_key") != key(dedup_cfg, kb_check):
-            from opsynth.dedup import KernelBenchIndex
-
-            _CTX.update(kb=KernelBenchIndex.from_config(dedup_cfg) if kb_check else None, kb_key=key(dedup_cfg, kb_check))
-        if _CTX.get("pool_key") != key(verify_cfg):
-            from opsynth.verify import WorkerPool
-
-            if _CTX.get("pool") is not None:
-                _CTX["pool"].close()
-                _CTX["pool"] = None
-            vcfg = VerifyConfig(**verify_cfg)
-            gpu = _worker_gpu()
-            if gpu is not None and vcfg.cuda_devices is None:
-                vcfg.cuda_devices = [gpu]
-            if not vcfg.n_workers:
-                vcfg.n_workers = _worker_threads()
-            # Every source here is a graph the sampler generated: `verify.sandbox=auto` runs it unconfined.
-            _CTX.update(pool=WorkerPool(vcfg, sampled=True).start(), pool_key=key(verify_cfg), gpu=gpu, verify_cfg=vcfg)
-            if not _CTX.get("atexit"):
-                import atexit
-
-                atexit.register(_close_context)
-                _CTX["atexit"] = True
-        return _CTX
-
-
-def _worker_sampler_config(sampler_cfg: dict, verify_device: str) -> SamplerConfig:
-    """`sampler.scale=null` is decided here, on the worker, by the device it verifies on: a GPU run
-    launched from a machine without one (a Slurm login node) still draws GPU sizes."""
-    scfg = SamplerConfig(**sampler_cfg)
-    if scfg.scale is None:
-        from opsynth.verify.pool import detect_device
-
-        scfg.scale = 1.0 if detect_device(verify_device) == "cuda" else CPU_SCALE
-    return scfg
-
-
-def _close_context() -> None:
-    """Stop this process's verify pool (at exit, or from a test)."""
-    with _CTX_LOCK:
-        pool = _CTX.pop("pool", None)
-        _CTX.pop("pool_key", None)
-    if pool is not None:
-        pool.close()
-
-
-def _worker_gpu() -> int | None:
-    """On a local_cuda cluster each worker pins the GPU matching its name (0, 1, ...)."""
-    try:
-        from distributed import get_worker
-
-        w = get_worker()
-    except Exception:
-        return None
-    if "GPU" not in (w.state.total_resources if hasattr(w, "state") else getattr(w, "total_resources", {})):
-        return None
-    try:
-        import torch
-
-        n = torch.cuda.device_count()
-        return int(w.name) % n if n else None
-    except Exception:
-        return None
-
-
-def _worker_threads() -> int:
-    try:
-        from distributed import get_worker
-
-        return max(1, int(get_worker().state.nthreads))
-    except Exception:
-        return max(1, os.cpu_count() or 1)
-
-
-def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict,
-                      kb_check: bool = True) -> dict:
-    """Sample, render, check against KernelBench and verify one candidate. Never raises for a bad
-    candidate: every outcome is a record with `accepted` and, when rejected, a named `reason`."""
-    from opsynth.graph import SamplingError
-    from opsynth.render import render_task, task_id
-
-    stage_s: dict[str, float] = {}  # seconds per stage (verify/stages.py names the verifier's)
-    rec: dict[str, Any] = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
-                           "signature": None, "evidence": None, "stage_s": stage_s}
-    t0 = time.perf_counter()
-    ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
-    t1 = time.perf_counter()
-    stage_s["worker_start"] = t1 - t0  # the first candidate of a process starts its verify pool
-    try:
-        st = ctx["sampler"].sample(seed)
-    except SamplingError as e:
-        stage_s["sampling"] = time.perf_counter() - t1
-        rec.update(reason="sampling_failed", evidence=str(e))
-        return rec
-    from opsynth.graph.cost import with_batch
-    from opsynth.verify.sizing import choose_batch
-
-    rec["signature"] = st.graph.signature()  # sizes are not part of it
-    t_size = time.perf_counter()
-    stage_s["sampling"] = t_size - t1
-    size = choose_batch(st.graph, ctx["catalog"], seed, ctx["verify_cfg"], ctx["pool"].device)
-    if size.reason:
-        stage_s["sizing"] = time.perf_counter() - t_size
-        rec.update(reason=size.reason, evidence=size.evidence())
-        return rec
-    graph = with_batch(st.graph, size.batch)
-    rec["predicted_ms"] = size.predicted_ms
-    src = render_task(graph, ctx["catalog"])
-    t2 = time.perf_counter()
-    stage_s["sizing"] = t2 - t_size  # the cost model's search, and rendering the sized graph
-    kb_row = {"kb_max_similarity": None, "kb_nearest": None}
-    if ctx["kb"] is not None:
-        m = ctx["kb"].check(src)
-        kb_row = m.as_row()
-        stage_s["kb_check"] = time.perf_counter() - t2
-        if m.rejected:
-            rec.update(reason=m.reason, evidence={"nearest": m.nearest, "similarity": m.max_similarity,
-                                                  "op_sequence_match": m.op_sequence_match})
-            return rec
-    res = ctx["pool"].verify(src)
-    stage_s.update(res.stage_s)
-    rec["gpu_sections"], rec["gpu"] = res.gpu_sections, ctx.get("gpu")
-    if not res.accepted:
-        rec.update(reason=res.reason, evidence=_short(res.evidence))
-        return rec
-    rec["accepted"] = True
-    rec["row"] = {
-        "code": res.source,
-        "ops": st.graph.ops(),
-        "data_source": st.data_source,
-        "task_id": task_id(res.source),
-        "num_ops": st.num_ops,
-        "graph": graph.to_json(),
-        "input_shapes": json.dumps(_input_shapes(res.source)),
-        "eager_ms": float(res.eager_ms),
-        "compile_ms": float(res.compile_ms) if res.compile_ms is not None else float("nan"),
-        "device": res.device or "",
-        "torch_version": res.torch_version or "",
-        **kb_row,
-        "seed": int(seed),
-    }
-    rec["calib_steps"] = res.calib_steps
-    return rec
-
-
-def measure_peaks(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool = True) -> dict:
-    """The verifying device's peak rates, measured by one of this worker's verify sandboxes (once
-    per run; recorded, never used for sizes), with the cost model's reference rates for it."""
-    ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
-    pool = ctx["pool"]
-    return {"kind": pool.device, "measured": pool.measure_peaks(),
-            "reference": ctx["verify_cfg"].rates(pool.device).to_dict()}
-
-
-def _short(evidence) -> Any:
-    s = json.dumps(evidence, default=str)
-    return evidence if len(s) < 2000 else s[:2000]
-
-
-def _input_shapes(source: str) -> list[dict]:
-    """Shapes and dtypes of get_inputs() for the calibrated source, read without running it
-    (inputs are `torch.randn(<constants>)` / `torch.randint(lo, hi, (<constants>,))` calls)."""
-    import ast
-
-    from opsynth.render import parse_task
-
-    facts = parse_task(source)
-    fn = next(n for n in facts.tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_inputs")
-    ret = next(n for n in ast.walk(fn) if isinstance(n, ast.Return))
-    out = []
-    for call in getattr(ret.value, "elts", []):
-        if not isinstance(call, ast.Call):
-            continue
-        fname = ast.unparse(call.func)
-        args = call.args
-        if fname == "torch.randint" and len(args) >= 3:
-            dims, dtype = getattr(args[2], "elts", [args[2]]), "int64"
-        else:
-            dims, dtype = args, "float32"
-        shape = []
-        for d in dims:
-            v = facts.sizes.get(d.id) if isinstance(d, ast.Name) else getattr(d, "value", None)
-            shape.append(v)
-        out.append({"shape": shape, "dtype": dtype})
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Driver side.
-# ---------------------------------------------------------------------------------------------
-
-def _load_state(out: Path) -> dict:
-    p = out / STATE_FILE
-    if not p.exists():
-        return {}
-    try:
-        return json.loads(p.read_text())
-    except ValueError as e:
-        raise DatasetFolderError(f"{p} is unreadable ({e}); delete it to restart the run from the shards") from e
-
-
-def _ledger(state: dict) -> list[tuple[int, str]] | None:
-    """The state's row ledger as (seed, task_id) pairs; None for a state without one."""
-    if "ledger" not in state:
-        return None
-    out = []
-    for entry in state["ledger"]:
-        seed, _, tid = str(entry).partition(":")
-        out.append((int(seed), tid))
-    return out
-
-
-def _state_record(committer, stats, writer, finished: bool = False) -> dict:
-    """Everything the state file holds: where to resume, the counts, the row ledger (one
-    "seed:task_id" per row, in row order) and the shards as written (to name a deleted one)."""
-    import pyarrow.parquet as pq
-
-    from opsynth.shards import list_shards
-
-    committer.summarise_cost_model()
-    shards = [{"name": sh.path.name, "rows": pq.ParquetFile(sh.path).metadata.num_rows}
-              for sh in list_shards(writer.output_dir)]
-    rec = {"next_index": committer.next_index, "stats": stats.to_dict(), "examples": committer.examples,
-           "ledger": [f"{seed}:{tid}" for seed, tid in committer.ledger], "shards": shards,
-           "eager_over_predicted": committer.ratios, "near_edge_rows": committer.near_edge}
-    if finished:
-        rec["finished"] = True
-    return rec
-
-
-def _save_state(out: Path, state: dict) -> None:
-    tmp = out / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1, default=str))
-    os.replace(tmp, out / STATE_FILE)
-
-
-def _plain(cfg) -> dict:
-    return {k: v for k, v in asdict(cfg).items()}
 
 
 class _Committer:
@@ -453,7 +66,7 @@ class _Committer:
         # The row ledger: (seed, task_id) of every row, in row order. The state's, or for rows found
         # without a state file, theirs; rows on disk past the state's ledger (written just before a
         # crash) join it when their candidate is committed again.
-        ledger = _ledger(state)
+        ledger = read_ledger(state)
         self.ledger: list[tuple[int, str]] = ledger if ledger is not None else on_disk
         self.ratios: list[float] = [float(r) for r in state.get("eager_over_predicted", [])]
         self.near_edge = int(state.get("near_edge_rows", 0))
@@ -477,7 +90,7 @@ class _Committer:
         if not self.ahead:
             return
         log.warning("%d row(s) on disk were not reproduced by their candidates; kept as found", len(self.ahead))
-        for row in _rows_with_ids(self.cfg.output_dir, self.ahead):
+        for row in rows_with_ids(self.cfg.output_dir, self.ahead):
             self.ledger.append((int(row["seed"]), row["task_id"]))
         self.stats.adopted_rows += len(self.ahead)
         self.ahead = set()
@@ -535,120 +148,18 @@ class _Committer:
         self.stats.device = row["device"] or self.stats.device
 
 
-def _rows_with_ids(output_dir, ids: set[str]) -> list[dict]:
-    from opsynth.shards import iter_rows
+def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
+    """The counts the state, summary and card print must be the rows in the files."""
+    from opsynth.shards import count_rows
 
-    return [r for r in iter_rows(output_dir, columns=["seed", "task_id"]) if r["task_id"] in ids]
-
-
-def verify_device(cfg: GenerateConfig) -> str:
-    """"cuda" or "cpu": where the verifier runs with these settings (`verify.device=auto` picks the
-    GPU when the driver sees one). It decides `sampler.scale=null` and which runtime band applies."""
-    if cfg.verify.device in ("cpu", "cuda"):
-        return cfg.verify.device
-    from opsynth.cluster import visible_gpus
-
-    return "cuda" if visible_gpus() > 0 else "cpu"
-
-
-def _describe_run(stats, cfg: GenerateConfig) -> None:
-    """Record the settings of this run in its stats (the card and report print them). The runtime
-    band and memory cap are those in force on the device that verifies (the CPU band on a CPU run)."""
-    from opsynth.shards.stats import default_versions
-
-    stats.n_tasks = cfg.n_tasks
-    stats.seed = cfg.seed
-    stats.cluster = cfg.cluster.kind
-    stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
-                            for k, v in cfg.sampler.mixture.items()}
-    device = verify_device(cfg)
-    limits = cfg.verify.limits(device)
-    stats.thresholds = {
-        "verify_device": device, "eager_ms_min": limits.min_ms, "eager_ms_max": limits.max_ms,
-        "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
-        "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
-        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": limits.mem_cap_gb,
-        "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
-        "edge_margin": cfg.verify.edge_margin, "edge_margin_low": cfg.verify.edge_margin_low,
-    }
-    stats.versions = {**default_versions(), **stats.versions}
-    stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": _plain(cfg.sampler),
-                    "verify": _plain(cfg.verify), "dedup": _plain(cfg.dedup), "cluster": cfg.cluster.kind}
-
-
-def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None) -> dict:
-    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary.
-
-    on_result: called with each candidate's record as it arrives (benchmarks read its `stage_s`).
-    stop: when set, the run stops at the next result as if `max_candidates` were reached."""
-    from distributed import as_completed
-
-    from opsynth.catalog import load_catalog
-    from opsynth.shards import RunProgress, RunStats, ShardWriter
-
-    cfg.validate()
-    cfg.check_machine()
-    out = Path(cfg.output_dir)
-    if cfg.kb_check:  # fail fast, on the driver, before anything is written, when the reference is missing
-        from opsynth.dedup import load_kernelbench
-        from opsynth.dedup.kernelbench import local_reference
-
-        if not cfg.dedup.kb_path and local_reference() is not None:  # found here: every worker reads this file
-            cfg.dedup.kb_path = str(local_reference().resolve())
-        load_kernelbench(kb_path=cfg.dedup.kb_path, kb_dataset=cfg.dedup.kb_dataset, levels=cfg.dedup.kb_levels)
-    out.mkdir(parents=True, exist_ok=True)
-    state = _load_state(out)
-    catalog = load_catalog()
-    t_start = time.monotonic()
-    state = _check_folder(cfg, out, state)
-    if not state:
-        state = _state_from_rows(cfg, out)
-    writer = ShardWriter(out, rows_per_shard=cfg.rows_per_shard, row_group_size=cfg.row_group_size)
-    try:
-        stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
-        prior_wall = stats.wall_time_s
-        rows_at_start = writer.num_rows
-        if "stats" not in state:  # shards without a state file: rows no counted run made
-            stats.adopted_rows = rows_at_start
-        committer = _Committer(cfg, writer, stats, state)
-        complete = not committer.wants_more(cfg.n_tasks)
-        if not (complete and "stats" in state):  # a finished run's record stays as it was made
-            _describe_run(stats, cfg)
-        if complete:
-            log.info("%s already holds %d rows (n_tasks=%d): nothing to generate", out, writer.num_rows, cfg.n_tasks)
-        else:
-            stats.runs += 1
-            stats.resumed_rows = rows_at_start  # counted in the files, not carried over
-            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
-                      on_result, stop)
-            if not (stop is not None and stop.is_set()):
-                committer.adopt_leftovers()
-            stats.run_wall_time_s = time.monotonic() - t_start
-            stats.wall_time_s = prior_wall + stats.run_wall_time_s  # a no-op rerun adds no time
-            stats.run_added_rows = writer.num_rows - rows_at_start
-        for op in list(stats.categories):
-            stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
-        files = writer.finalize()
-        total_rows = writer.num_rows
-        _check_counts(out, stats, committer, total_rows)
-        _save_state(out, _state_record(committer, stats, writer, finished=True))
-    finally:
-        writer.close()
-    summary = stats.to_dict()
-    summary["files"] = [str(f) for f in files]
-    summary["rows"] = total_rows  # in the folder, earlier runs included; < n_tasks when max_candidates stopped it
-    summary["generated"] = not complete  # False: the folder already held n_tasks rows
-    summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
-                                   if committer.calib_steps else None)
-    if cfg.write_card:
-        from opsynth.graph import OpGraph
-        from opsynth.shards import read_rows, write_card, write_report
-
-        write_report(out, stats, rows=read_rows(out), rejections=committer.examples,
-                     signature_of=lambda row: OpGraph.from_json(row["graph"]).signature())
-        if total_rows:  # a dataset card describes data; with no rows the report says why
-            write_card(out, stats, repo_id=cfg.repo_id)
-    return summary
+    on_disk = count_rows(out)
+    counted = stats.accepted + stats.adopted_rows
+    # Rows on disk ahead of the state stay uncounted only when a run was stopped before it got to
+    # their candidates again (`stop`); a resume counts them.
+    if not (on_disk == total_rows == len(committer.ledger) + len(committer.ahead) and counted == len(committer.ledger)):
+        raise DatasetFolderError(f"{out}: the files hold {on_disk} rows but the run counted {counted} "
+                                 f"({stats.accepted} accepted + {stats.adopted_rows} found without a state) and its "
+                                 f"ledger lists {len(committer.ledger)}; this is a bug, please report it")
 
 
 def _record_peaks(future, stats) -> None:
@@ -672,57 +183,13 @@ def _record_peaks(future, stats) -> None:
                     {k: r[k] for k in ("tflops", "gbps")}, fix)
 
 
-def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
-    """The counts the state, summary and card print must be the rows in the files."""
-    from opsynth.shards import count_rows
-
-    on_disk = count_rows(out)
-    counted = stats.accepted + stats.adopted_rows
-    # Rows on disk ahead of the state stay uncounted only when a run was stopped before it got to
-    # their candidates again (`stop`); a resume counts them.
-    if not (on_disk == total_rows == len(committer.ledger) + len(committer.ahead) and counted == len(committer.ledger)):
-        raise DatasetFolderError(f"{out}: the files hold {on_disk} rows but the run counted {counted} "
-                                 f"({stats.accepted} accepted + {stats.adopted_rows} found without a state) and its "
-                                 f"ledger lists {len(committer.ledger)}; this is a bug, please report it")
-
-
-def _state_from_rows(cfg: GenerateConfig, out: Path) -> dict:
-    """A state rebuilt from the rows of a folder whose state file is gone (deleted, or a copy made
-    without hidden files): every row carries its seed, so its candidate, and the run resumes after
-    the last one, as the lost state would have had it. Rejection counts of the earlier runs are gone.
-    {} for a folder without rows (a new run). Rows of another `seed` are refused, not adopted."""
-    from opsynth.shards import RunStats, iter_rows, list_shards
-
-    rows = [(int(r["seed"]), r["task_id"]) for r in iter_rows(out, columns=["seed", "task_id"])]
-    if not rows:
-        return {}
-    indices = [seed - cfg.seed * SEED_STRIDE for seed, _ in rows]
-    if min(indices) < 0 or max(indices) >= SEED_STRIDE:
-        raise DatasetFolderError(
-            f"{out} holds {len(rows)} rows but no {STATE_FILE}, and their seeds are not candidates of seed={cfg.seed}; "
-            "rerun with the seed they were made with, or use another output_dir")
-    stats = RunStats(accepted=len(rows), candidates=len(rows))
-    _describe_run(stats, cfg)
-    import pyarrow.parquet as pq
-
-    state = {"next_index": max(indices) + 1, "stats": stats.to_dict(), "examples": [],
-             "ledger": [f"{seed}:{tid}" for seed, tid in rows],
-             "shards": [{"name": sh.path.name, "rows": pq.ParquetFile(sh.path).metadata.num_rows}
-                        for sh in list_shards(out)], "rebuilt_from_rows": True}
-    _save_state(out, state)
-    log.warning("%s had no %s: rebuilt it from its %d rows (candidates up to %d); the run goes on from candidate %d "
-                "(the earlier runs' rejection counts are not known)", out, STATE_FILE, len(rows), max(indices),
-                max(indices) + 1)
-    return state
-
-
 def _check_folder(cfg: GenerateConfig, out: Path, state: dict) -> dict:
     """Refuse, or with `repair=true` repair, a folder whose shards lost rows (returns the state)."""
     from opsynth.shards.integrity import check_folder
 
-    check = check_folder(out, ledger=_ledger(state), shards=state.get("shards"))
+    check = check_folder(out, ledger=read_ledger(state), shards=state.get("shards"))
     line = None if check.ok else check.summary(out)
-    if check.ok and _ledger(state) is None and "stats" in state:  # a state from before the ledger
+    if check.ok and read_ledger(state) is None and "stats" in state:  # a state from before the ledger
         counted = int(state["stats"].get("accepted", 0)) + int(state["stats"].get("adopted_rows", 0))
         if counted != len(check.rows):
             line = (f"{out}: the state file counts {counted} rows but the shards hold {len(check.rows)} "
@@ -748,7 +215,7 @@ def _repair(cfg: GenerateConfig, out: Path, state: dict, check) -> dict:
         if issue.problem != "missing":
             log.warning("moved %s aside to %s", issue.name, set_aside(out, issue.name))
     present = [row for path in check.readable for row in read_rows_of(path)]
-    ledger = _ledger(state)
+    ledger = read_ledger(state)
     stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
     if ledger is None:  # no way to tell which seeds were lost: keep what reads, as rows of no run
         log.warning("%s: the state file has no row ledger; keeping the %d readable rows", out, len(present))
@@ -771,7 +238,7 @@ def _repair(cfg: GenerateConfig, out: Path, state: dict, check) -> dict:
     stats.unreproduced_rows += len(lost)
     state = {**state, "stats": stats.to_dict(),
              "ledger": [f"{seed}:{tid}" for seed, tid in ledger if tid in by_id], "shards": []}
-    _save_state(out, state)
+    statefile.save_state(out, state)
     log.info("%s: repaired: %d row(s) regenerated, %d dropped, %d rows in the folder", out, len(restored),
              len(lost), len(rows))
     return state
@@ -785,7 +252,7 @@ def _regenerate(cfg: GenerateConfig, out: Path, missing: list[tuple[int, str]]) 
     with _sigint_ignored_in_children():
         handle = start_cluster(cfg.cluster, run_dir=out)
     try:
-        sampler_cfg, verify_cfg, dedup_cfg = _plain(cfg.sampler), _plain(cfg.verify), _plain(cfg.dedup)
+        sampler_cfg, verify_cfg, dedup_cfg = plain(cfg.sampler), plain(cfg.verify), plain(cfg.dedup)
         submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
         futures = {}
         for seed, tid in missing:
@@ -835,7 +302,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     client = handle.client
     max_in_flight = cfg.max_in_flight or 4 * handle.slots
     max_candidates = cfg.max_candidates or 200 * cfg.n_tasks
-    sampler_cfg, verify_cfg, dedup_cfg = _plain(cfg.sampler), _plain(cfg.verify), _plain(cfg.dedup)
+    sampler_cfg, verify_cfg, dedup_cfg = plain(cfg.sampler), plain(cfg.verify), plain(cfg.dedup)
     if handle.gpu_resource and verify_cfg.get("device") == "cpu":
         log.warning("cluster=%s has GPUs but verify.device=cpu: tasks are verified on CPU", handle.kind)
     submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
@@ -866,7 +333,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         writer.flush()
         stats.run_wall_time_s = time.monotonic() - t_start
         stats.wall_time_s = prior_wall + stats.run_wall_time_s
-        _save_state(out, _state_record(committer, stats, writer))
+        statefile.save_state(out, statefile.state_record(committer, stats, writer))
 
     peaks = client.submit(measure_peaks, sampler_cfg, verify_cfg, dedup_cfg, cfg.kb_check,
                           key=f"peaks-{cfg.seed}-{committer.next_index}", pure=False, **submit_kw)
@@ -914,3 +381,79 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
             client.cancel(pending, force=True)
         save()
         handle.close()
+
+
+def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None) -> dict:
+    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary.
+
+    on_result: called with each candidate's record as it arrives (benchmarks read its `stage_s`).
+    stop: when set, the run stops at the next result as if `max_candidates` were reached."""
+    from distributed import as_completed
+
+    from opsynth.catalog import load_catalog
+    from opsynth.shards import RunProgress, RunStats, ShardWriter
+
+    cfg.validate()
+    cfg.check_machine()
+    out = Path(cfg.output_dir)
+    if cfg.kb_check:  # fail fast, on the driver, before anything is written, when the reference is missing
+        from opsynth.dedup import load_kernelbench
+        from opsynth.dedup.kernelbench import local_reference
+
+        if not cfg.dedup.kb_path and local_reference() is not None:  # found here: every worker reads this file
+            cfg.dedup.kb_path = str(local_reference().resolve())
+        load_kernelbench(kb_path=cfg.dedup.kb_path, kb_dataset=cfg.dedup.kb_dataset, levels=cfg.dedup.kb_levels)
+    out.mkdir(parents=True, exist_ok=True)
+    state = statefile.load_state(out)
+    catalog = load_catalog()
+    t_start = time.monotonic()
+    state = _check_folder(cfg, out, state)
+    if not state:
+        state = statefile.state_from_rows(cfg, out)
+    writer = ShardWriter(out, rows_per_shard=cfg.rows_per_shard, row_group_size=cfg.row_group_size)
+    try:
+        stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
+        prior_wall = stats.wall_time_s
+        rows_at_start = writer.num_rows
+        if "stats" not in state:  # shards without a state file: rows no counted run made
+            stats.adopted_rows = rows_at_start
+        committer = _Committer(cfg, writer, stats, state)
+        complete = not committer.wants_more(cfg.n_tasks)
+        if not (complete and "stats" in state):  # a finished run's record stays as it was made
+            describe_run(stats, cfg)
+        if complete:
+            log.info("%s already holds %d rows (n_tasks=%d): nothing to generate", out, writer.num_rows, cfg.n_tasks)
+        else:
+            stats.runs += 1
+            stats.resumed_rows = rows_at_start  # counted in the files, not carried over
+            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
+                      on_result, stop)
+            if not (stop is not None and stop.is_set()):
+                committer.adopt_leftovers()
+            stats.run_wall_time_s = time.monotonic() - t_start
+            stats.wall_time_s = prior_wall + stats.run_wall_time_s  # a no-op rerun adds no time
+            stats.run_added_rows = writer.num_rows - rows_at_start
+        for op in list(stats.categories):
+            stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
+        files = writer.finalize()
+        total_rows = writer.num_rows
+        _check_counts(out, stats, committer, total_rows)
+        statefile.save_state(out, statefile.state_record(committer, stats, writer, finished=True))
+    finally:
+        writer.close()
+    summary = stats.to_dict()
+    summary["files"] = [str(f) for f in files]
+    summary["rows"] = total_rows  # in the folder, earlier runs included; < n_tasks when max_candidates stopped it
+    summary["generated"] = not complete  # False: the folder already held n_tasks rows
+    summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
+                                   if committer.calib_steps else None)
+    if cfg.write_card:
+        from opsynth.graph import OpGraph
+        from opsynth.shards import read_rows, write_card, write_report
+
+        write_report(out, stats, rows=read_rows(out), rejections=committer.examples,
+                     signature_of=lambda row: OpGraph.from_json(row["graph"]).signature())
+        if total_rows:  # a dataset card describes data; with no rows the report says why
+            write_card(out, stats, repo_id=cfg.repo_id)
+    return summary
+
