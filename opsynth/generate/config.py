@@ -92,8 +92,9 @@ def generate_config(cfg: Mapping) -> GenerateConfig:
     """A `GenerateConfig` from the composed `conf/generate.yaml`: each group through the shared
     builder, then the top level (unknown keys and mistyped values named by their setting)."""
     plain = dict(to_plain(cfg))
-    groups = {"sampler": SamplerConfig, "verify": VerifyConfig, "cluster": ClusterConfig, "dedup": DedupConfig}
+    groups = {"sampler": SamplerConfig, "verify": VerifyConfig, "cluster": ClusterConfig}
     kw: dict[str, Any] = {k: build(c, plain.pop(k, None), k) for k, c in groups.items()}
+    kw["dedup"] = DedupConfig.from_any(plain.pop("dedup", None))  # the builder, after its list coercion
     plain.pop("hydra", None)
     return build(GenerateConfig, {**plain, **kw}, "generate")
 
