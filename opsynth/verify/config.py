@@ -90,8 +90,7 @@ class VerifyConfig:
     # median (0: always run the full count). Saves device time on stable GPU timings.
     timing_rel_tol: float = 0.0
     # Serialise timing across all workers (and pools) on one device with a file lock.
-    serialize_timing: bool = True
-    lock_dir: str | None = None
+    serialize_timing: bool = True  # the lock's folder is one per machine: opsynth.runtime.device_lock
 
     # Confine every worker with the runtime's sandbox (opsynth.runtime.isolation) before any task
     # code runs: it writes only its own scratch folder and the pool's compile caches, sees no network
