@@ -238,10 +238,7 @@ class VerifyConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "VerifyConfig":
         """Build from a plain mapping (e.g. a Hydra/OmegaConf node turned into a dict); unknown
-        keys are an error so a typo in YAML does not pass silently."""
-        d = dict(d or {})
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown VerifyConfig keys: {unknown}")
-        return cls(**d)
+        keys are an error so a typo in YAML does not pass silently (the shared builder)."""
+        from opsynth.config import build
+
+        return build(cls, d, "verify")

@@ -115,3 +115,12 @@ def test_the_run_records_the_band_of_the_device_that_verifies(device, band):
     th = stats.thresholds
     assert (th["verify_device"], th["eager_ms_min"], th["eager_ms_max"], th["mem_cap_gb"]) == (device, *band)
     assert not any(k.startswith("cpu_") for k in th)
+
+
+def test_generate_config_checks_its_own_values_when_built():
+    """`__post_init__`: a bad top-level value stops at construction (the groups and the folder are
+    checked by `validate()`, just before a run)."""
+    for bad, name in (({"n_tasks": 0}, "n_tasks"), ({"output_dir": ""}, "output_dir"), ({"flush_every": 0}, "flush_every")):
+        with pytest.raises(ValueError, match=name):
+            GenerateConfig(**bad)
+    GenerateConfig(cluster=ClusterConfig(kind="scheduler"))  # a group's settings: validate()'s business
