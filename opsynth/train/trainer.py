@@ -59,9 +59,9 @@ class TrainSettings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # GRPOConfig keyword arguments; `steps` is accepted for `max_steps`.
     trainer: dict[str, Any] = field(default_factory=dict)
-    # Candidates in flight per process: the reward's build_workers, and its measure_workers when
-    # prebuild is off (candidates then build in the measuring children). None: the reward's defaults.
-    # A shorthand for those reward_env fields: setting both to different values is refused.
+    # Candidates in flight per process: the default of reward_env.build_workers, and (prebuild off:
+    # candidates then build in the measuring children) the measure_workers, which reward_env may then
+    # not set to another number. None: the reward's defaults.
     reward_workers: int | None = None
     reward_env: RewardConfig = field(default_factory=RewardConfig)  # the reward environment's settings
     # Where the rewards are computed: kind "none" in this process (each rank on its own GPU); else a
@@ -99,16 +99,20 @@ class TrainSettings:
 
 
 def _with_reward_workers(cfg: RewardConfig, workers: int | None) -> RewardConfig:
-    """`cfg` with `reward_workers` folded in, as a new (validated) RewardConfig: one value per knob,
-    so a reward_env field set to another value than reward_workers is refused, not overridden."""
+    """`cfg` with `reward_workers` folded in once, as a new (validated) RewardConfig.
+
+    `reward_workers` is the default of `reward_env.build_workers` (an explicit build_workers wins).
+    Without prebuild it is also the number of measuring children (candidates build in them): that
+    value has one knob, so a `reward_env.measure_workers` set to another number is refused."""
     if not workers:
         return cfg
-    fields = ["build_workers"] + ([] if cfg.resolved_prebuild(cfg.resolved_device()) else ["measure_workers"])
-    clash = [f for f in fields if getattr(cfg, f) not in (None, 0, workers)]
-    if clash:
-        raise ValueError(f"reward_workers={workers} and reward_env.{clash[0]}={getattr(cfg, clash[0])} set one value "
-                         f"twice; set one of them")
-    return dataclasses.replace(cfg, **{f: workers for f in fields})
+    values = {"build_workers": cfg.build_workers or workers}
+    if not cfg.resolved_prebuild(cfg.resolved_device()):
+        if cfg.measure_workers not in (None, 0, workers):
+            raise ValueError(f"reward_workers={workers} and reward_env.measure_workers={cfg.measure_workers} both set "
+                             "the measuring children in flight (prebuild=false); set reward_workers only")
+        values["measure_workers"] = workers
+    return dataclasses.replace(cfg, **values)
 
 
 def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
