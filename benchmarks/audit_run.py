@@ -6,7 +6,7 @@ whether every slot of the operator-count mixture is within a point of Ops-6K's.
     python benchmarks/audit_run.py --n-tasks 4 --device cpu \\
         --override verify.compile_backend=eager --audit-override compile_backend=eager   # CPU check
 
-Generation is `opsynth.pipeline.run` (cluster=local_cuda with --device cuda, local on CPU), with the
+Generation is `opsynth.generate.driver.run` (cluster=local_cuda with --device cuda, local on CPU), with the
 settings of conf/generate.yaml plus `--override key=value` (dotted GenerateConfig keys); the audit is
 `opsynth.audit.audit` over the folder (the generator's checks through its code; `--audit-override`
 sets AuditConfig keys). Prints a table (rows, kept, rejected per reason, mixture against Ops-6K's)
@@ -41,17 +41,18 @@ def _set(obj, dotted: str, raw: str) -> None:
 
 
 def generate(folder: Path, n_tasks: int, device: str, overrides: list[str]) -> dict:
-    from opsynth import pipeline
+    from opsynth.generate import candidate, driver
+    from opsynth.generate.config import GenerateConfig
 
-    cfg = pipeline.GenerateConfig(n_tasks=n_tasks, output_dir=str(folder), progress=True)
+    cfg = GenerateConfig(n_tasks=n_tasks, output_dir=str(folder), progress=True)
     cfg.verify.device = device
     cfg.cluster.kind = "local_cuda" if device == "cuda" else "local"
     for o in overrides:
         key, _, value = o.partition("=")
         _set(cfg, key, value)
     t0 = time.monotonic()
-    summary = pipeline.run(cfg)
-    pipeline._close_context()
+    summary = driver.run(cfg)
+    candidate._close_context()
     return {"rows": summary["rows"], "rejected": summary.get("rejected"), "wall_s": round(time.monotonic() - t0, 1),
             "device": summary.get("device")}
 

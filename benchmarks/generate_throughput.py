@@ -7,7 +7,7 @@ fresh-process-per-candidate baseline in the same call.
     python benchmarks/generate_throughput.py --device cpu --minutes 1.5 --baseline-seconds 40 \\
         --override verify.compile_backend=aot_eager               # CPU check (cluster=local, sampler=small)
 
-Each window is `opsynth.pipeline.run` in a child process of its own (so CUDA_VISIBLE_DEVICES can
+Each window is `opsynth.generate.driver.run` in a child process of its own (so CUDA_VISIBLE_DEVICES can
 differ per window, and a stuck window is killed without losing what it saved), with
 `n_tasks` out of reach and a timer that stops it after `--minutes` of wall time counted from the
 window process's start (imports, cluster and verifier start-up included, as a user's run pays
@@ -66,7 +66,7 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from opsynth.config import generate_config
+    from opsynth.generate.config import generate_config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         return generate_config(hydra_compose(config_name="generate", overrides=overrides))
@@ -138,7 +138,8 @@ def window_child(spec: dict) -> int:
 
     import distributed  # noqa: F401  (sets its loggers on import; quiet them after)
 
-    from opsynth.pipeline import STATE_FILE, run
+    from opsynth.generate.driver import run
+    from opsynth.generate.state import STATE_FILE
     from opsynth.verify.stages import union_seconds
 
     for noisy in ("distributed", "tornado", "asyncio"):
@@ -272,7 +273,7 @@ def baseline_child(spec: dict) -> int:
     from opsynth.catalog import load_catalog
     from opsynth.graph import Sampler, SamplingError
     from opsynth.graph.cost import with_batch
-    from opsynth.pipeline import CPU_SCALE, candidate_seed
+    from opsynth.generate.config import CPU_SCALE, candidate_seed
     from opsynth.render import render_task
     from opsynth.verify.sizing import choose_batch
 

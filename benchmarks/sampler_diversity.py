@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from opsynth.graph import Sampler, SamplerConfig, SamplingError  # noqa: E402
 from opsynth.graph.sampler import OPS6K_MIXTURE  # noqa: E402
 
-SEED_STRIDE = 1_000_000_007  # opsynth.pipeline.SEED_STRIDE (not imported: the pipeline pulls in dask)
+SEED_STRIDE = 1_000_000_007  # opsynth.generate.config.SEED_STRIDE (not imported: it pulls in the verify room)
 VARIANTS = {"default": {}, "extra_edges": {"extra_edges": True}}
 
 

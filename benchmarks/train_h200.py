@@ -7,7 +7,7 @@ Two runs, both through `opsynth.train.trainer.train` (TRL's GRPOTrainer, reward 
    a random model), so this run shows the loop end to end on the GPU: generation, rewards, updates,
    checkpoints. With a real local model, its fenced code is compiled and timed on the GPU.
 2. `bandit`: a one-token policy choosing among three known CUDA `load_inline` candidates (fast,
-   slow, wrong; see opsynth/train/bandit.py). Every completion is compiled, run and timed on the
+   slow, wrong; see tests/train/bandit.py). Every completion is compiled, run and timed on the
    GPU by the reward environment, so this run shows rewards from real CUDA evaluations and that
    GRPO raises them.
 
@@ -88,7 +88,10 @@ def run_shards(args, out_dir: str) -> dict:
 
 
 def run_bandit(args, out_dir: str) -> dict:
-    from opsynth.train.bandit import task_source, train_bandit, write_task_shards
+    # The bandit is a test fixture (tests/train/bandit.py), not library code: this benchmark runs
+    # from a checkout, where it imports the fixture by path.
+    sys.path.insert(0, os.path.join(REPO, "tests", "train"))
+    from bandit import task_source, train_bandit, write_task_shards
 
     device = "cuda" if _device() != "cpu" else "cpu"
     # On the GPU the task is made big enough for launch overhead not to hide the kernels' speed.

@@ -1,5 +1,9 @@
-"""Turn a Hydra/OmegaConf node (or a plain dict) into the library's dataclass configs, with errors
-that name the offending key instead of a bare TypeError."""
+"""The one config builder: a Hydra/OmegaConf node (or a plain dict) into a library dataclass, with
+errors that name the offending key instead of a bare TypeError.
+
+A leaf of the house: it imports no stage. Each stage owns its dataclass (validated in its
+`__post_init__`) and builds it through `build`; `opsynth.generate.config.generate_config`
+assembles generate's."""
 
 from __future__ import annotations
 
@@ -63,21 +67,3 @@ def build(cls, node: Mapping | None, group: str):
     values = {k: _check_type(cls, k, v, group) for k, v in values.items()}
     return cls(**values)
 
-
-def generate_config(cfg: Mapping):
-    """A `GenerateConfig` from the composed `conf/generate.yaml`."""
-    from opsynth.cluster import ClusterConfig
-    from opsynth.dedup import DedupConfig
-    from opsynth.graph import SamplerConfig
-    from opsynth.pipeline import GenerateConfig
-    from opsynth.verify import VerifyConfig
-
-    plain = dict(to_plain(cfg))
-    groups = {"sampler": SamplerConfig, "verify": VerifyConfig, "cluster": ClusterConfig}
-    kw: dict[str, Any] = {k: build(c, plain.pop(k, None), k) for k, c in groups.items()}
-    kw["dedup"] = DedupConfig.from_any(plain.pop("dedup", None))
-    plain.pop("hydra", None)
-    top = build(GenerateConfig, plain, "generate")
-    for k, v in kw.items():
-        setattr(top, k, v)
-    return top

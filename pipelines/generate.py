@@ -18,7 +18,7 @@ from opsynth import cli
 
 def settings() -> dict:
     """The dataclasses the settings build (imported on demand: they import torch)."""
-    from opsynth.pipeline import GenerateConfig
+    from opsynth.generate.config import GenerateConfig
 
     return {"": GenerateConfig}
 
@@ -39,9 +39,9 @@ def interrupted(cfg: DictConfig) -> str:
 def main(cfg: DictConfig) -> None:
     import distributed  # noqa: F401  (sets its loggers' levels on import: import first, then quiet them)
 
-    from opsynth.config import generate_config
     from opsynth.dedup.kernelbench import KernelBenchUnavailable
-    from opsynth.pipeline import run
+    from opsynth.generate.config import generate_config
+    from opsynth.generate.driver import run
     from opsynth.shards.writer import FolderLocked
 
     cli.quiet_libraries()
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         raise cli.UsageError(f"invalid configuration: {e}") from None
     from opsynth.cluster import ClusterError, ClusterLost
-    from opsynth.pipeline import DatasetFolderError
+    from opsynth.generate.state import DatasetFolderError
 
     try:
         summary = run(gen_cfg)

@@ -41,14 +41,15 @@ def quiet_training_libraries() -> None:
 def run(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """Train with plain values taken from the config; returns the run summary."""
     from opsynth.train.data import TrainDataError
-    from opsynth.train.trainer import OutputDirInUse, TrainSettings, grpo_config, reward_env_config, train
+    from opsynth.train.trainer import (OutputDirInUse, TrainSettings, grpo_config, reward_env_config,
+                                       rewards_in_process, train)
 
     values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     values.pop("hydra", None)
     try:
         train_settings = TrainSettings.from_dict(values)
         grpo_config(train_settings)  # trainer.* keys GRPOConfig lacks, before any model loads
-        if train_settings.reward_cluster.get("kind", "none") in ("none", None):  # rewards computed here
+        if rewards_in_process(train_settings):  # rewards computed here
             reward_env_config(train_settings).check_device()
     except (TypeError, ValueError) as e:  # a bad setting: say which, without a traceback
         raise cli.UsageError(f"invalid configuration: {e}") from None

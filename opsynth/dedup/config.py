@@ -40,26 +40,16 @@ class DedupConfig:
 
     @classmethod
     def from_any(cls, cfg: "DedupConfig | Mapping[str, Any] | None" = None, **overrides: Any) -> "DedupConfig":
-        """Accept a DedupConfig, a plain mapping or an OmegaConf node (Hydra's ``cfg.dedup``)."""
-        if cfg is None:
-            values: dict[str, Any] = {}
-        elif isinstance(cfg, cls):
-            values = {f.name: getattr(cfg, f.name) for f in fields(cls)}
-        else:
-            try:
-                from omegaconf import DictConfig, OmegaConf
+        """Accept a DedupConfig, a plain mapping or an OmegaConf node (Hydra's ``cfg.dedup``), built
+        by the shared builder (unknown keys and mistyped values named as ``dedup.<key>``)."""
+        from opsynth.config import build, to_plain
 
-                if isinstance(cfg, DictConfig):
-                    cfg = OmegaConf.to_container(cfg, resolve=True)
-            except ImportError:  # omegaconf is optional for library use
-                pass
-            values = dict(cfg)  # type: ignore[arg-type]
+        if isinstance(cfg, cls):
+            values: dict[str, Any] = {f.name: getattr(cfg, f.name) for f in fields(cls)}
+        else:
+            values = dict(to_plain(cfg) or {})
         values.update(overrides)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown dedup settings {unknown}; known: {sorted(known)}")
         for k in ("kb_levels", "op_sequence_levels"):
-            if k in values and values[k] is not None:
+            if isinstance(values.get(k), (list, tuple)):
                 values[k] = [int(x) for x in values[k]]
-        return cls(**values)
+        return build(cls, values, "dedup")

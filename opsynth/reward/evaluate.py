@@ -85,7 +85,7 @@ def build_service(cfg: RewardConfig, device: str, log=None):
 
 def _lock_path(cfg: RewardConfig, device: str) -> str:
     """The device's one lock (shared with the verifier), created here so a confined child can open it."""
-    from opsynth.verify.timing import device_lock_path
+    from opsynth.runtime.device_lock import device_lock_path
 
     path = device_lock_path(device, cfg.resolved_device_index())
     try:

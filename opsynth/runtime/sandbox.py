@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from opsynth.runtime.device_lock import file_lock
 from opsynth.runtime.supervise import kill_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -320,12 +321,12 @@ def apply_limits(job: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def device_lock(job: dict):
-    """Exclusive use of the device for the timed and checked part of a child's work (the verifier's
-    lock: one per physical GPU, `opsynth.verify.timing.device_lock_path`)."""
-    from opsynth.verify.timing import file_lock
-
-    return file_lock(job.get("device_lock") or None)
+def device_lock(job: dict, _file_lock=file_lock):
+    """Exclusive use of the device for the timed and checked part of a child's work (the one lock
+    per physical GPU, `opsynth.runtime.device_lock`). The flock is bound as a default argument: the
+    reward's harness snapshot watches this function's defaults, so a candidate that rebinds the
+    lock function to skip the lock is seen."""
+    return _file_lock(job.get("device_lock") or None)
 
 
 BUILD_FD: int | None = None  # the child's end of its build channel, when it has one

@@ -52,9 +52,15 @@ class PolicyConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "PolicyConfig":
-        d = dict(d or {})
-        smoke = SmokePolicyConfig(**(d.pop("smoke", None) or {}))
-        return cls(**d, smoke=smoke)
+        """From a plain mapping (conf/policy/*.yaml): the shared builder, so an unknown or mistyped
+        key is an error naming `policy.<key>` (or `policy.smoke.<key>`)."""
+        from opsynth.config import build, to_plain
+
+        d = dict(to_plain(d) or {})
+        smoke = d.pop("smoke", None)
+        if not isinstance(smoke, SmokePolicyConfig):
+            smoke = build(SmokePolicyConfig, smoke, "policy.smoke")
+        return build(cls, {**d, "smoke": smoke}, "policy")
 
 
 def train_smoke_tokenizer(texts: Iterable[str], vocab_size: int, merge_across_words: bool = False):

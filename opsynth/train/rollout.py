@@ -16,8 +16,9 @@ for tool results): 1 on the policy's tokens, 0 on the feedback. The episode's re
 outcomes travel as extra fields, which TRL hands to the reward function.
 
 With one turn this is plain single-turn GRPO (one generation, one evaluation per completion), so
-one code path serves both. `_generate_single_turn` and `_tokenize_prompts` are TRL internals
-(checked against TRL 1.16.0); `tests/train/test_train_multiturn.py` runs them for real.
+one code path serves both. The TRL internals this needs (`_generate_single_turn`,
+`_tokenize_prompts`, `_log_metric`) go through `opsynth.train.trl_internals`, which pins the TRL
+versions they were read against; `tests/train/test_train_multiturn.py` runs them for real.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from opsynth.train import trl_internals
 from opsynth.train.feedback import format_feedback
 from opsynth.train.episodes import EpisodeConfig, Episode, TurnCodec, TurnTiming, improved, run_episodes
 from opsynth.train.prompts import completion_text
@@ -93,16 +95,16 @@ class MultiTurnRollout:
         if self._generate is not None:
             return lambda batch: self._generate(trainer, batch)
         # One completion per context: the prompts TRL gives us already repeat each task num_generations times.
-        return lambda batch: trainer._generate_single_turn(batch, None, {}, 1)
+        return lambda batch: trl_internals.generate_single_turn(trainer, batch)
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         try:
             rows = [self.tasks[prompt_key(p)] for p in prompts]
         except KeyError:
             raise KeyError("rollout_func got a prompt that is not in the training set") from None
-        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
+        prompt_ids = trl_internals.tokenize_prompts(trainer, prompts)
         tok = trainer.processing_class
-        codec = TurnCodec(tok, self.chat, getattr(trainer, "eos_token_ids", None))
+        codec = TurnCodec(tok, self.chat, trl_internals.eos_token_ids(trainer))
         step = int(trainer.state.global_step) + 1  # the step these completions train
         timing = TurnTiming()
         evaluated: list[int] = []
@@ -130,10 +132,8 @@ class MultiTurnRollout:
         record = StepRollout(step, len(episodes), timing.generation_s, timing.evaluation_s, evaluated,
                              [e.rewards for e in episodes])
         self.history.append(record)
-        log = getattr(trainer, "_log_metric", None)
-        if log is not None:
-            log("time/generation_s", sum(timing.generation_s))
-            log("time/evaluation_s", sum(timing.evaluation_s))
+        trl_internals.log_metric(trainer, "time/generation_s", sum(timing.generation_s))
+        trl_internals.log_metric(trainer, "time/evaluation_s", sum(timing.evaluation_s))
         logprobs = [e.logprobs for e in episodes]
         return {
             "prompt_ids": [list(p) for p in prompt_ids],

@@ -17,6 +17,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from opsynth.cluster import ClusterConfig
+from opsynth.config import build, to_plain
+from opsynth.reward.eval_types import RewardConfig
 from opsynth.train.data import select_tasks
 from opsynth.train.episodes import EpisodeConfig
 from opsynth.train.policy import PolicyConfig, load_policy
@@ -35,6 +38,7 @@ GRPO_DEFAULTS: dict[str, Any] = {
     "use_vllm": False,
     "log_completions": False,
 }
+IN_PROCESS = "none"  # reward_cluster.kind: rewards computed in this process, no cluster
 
 
 @dataclass
@@ -55,12 +59,15 @@ class TrainSettings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     # GRPOConfig keyword arguments; `steps` is accepted for `max_steps`.
     trainer: dict[str, Any] = field(default_factory=dict)
-    reward_workers: int | None = None  # candidates built in parallel per process (None: RewardConfig's default)
-    reward_env: dict[str, Any] = field(default_factory=dict)  # RewardConfig fields, if any
+    # Candidates in flight per process: the default of reward_env.build_workers, and (prebuild off:
+    # candidates then build in the measuring children) the measure_workers, which reward_env may then
+    # not set to another number. None: the reward's defaults.
+    reward_workers: int | None = None
+    reward_env: RewardConfig = field(default_factory=RewardConfig)  # the reward environment's settings
     # Where the rewards are computed: kind "none" in this process (each rank on its own GPU); else a
     # Dask cluster with generate's settings (opsynth.cluster.ClusterConfig: local, local_cuda, slurm,
     # scheduler + address), whose GPU workers measure, each under its own device lock.
-    reward_cluster: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
+    reward_cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(kind=IN_PROCESS))
     turns: int = 3  # turns per episode: the policy revises its program after each verdict (1: single-turn)
     episode_reward: str = "last"  # last | best | discounted (sum of turn_discount**(t-1) * reward_t)
     turn_discount: float = 0.4
@@ -68,6 +75,16 @@ class TrainSettings:
 
     def __post_init__(self):
         self.episode()  # validates turns, episode_reward, turn_discount
+        if not isinstance(self.reward_env, RewardConfig):  # a mapping (a caller's dict, a YAML block)
+            self.reward_env = RewardConfig.from_dict(self.reward_env)
+        if not isinstance(self.reward_cluster, ClusterConfig):
+            spec = dict(to_plain(self.reward_cluster) or {})
+            if spec.get("kind") is None:
+                spec["kind"] = IN_PROCESS
+            self.reward_cluster = build(ClusterConfig, spec, "reward_cluster")
+        if self.reward_cluster.kind != IN_PROCESS:
+            self.reward_cluster.validate()
+        self.reward_env = _with_reward_workers(self.reward_env, self.reward_workers)
 
     def episode(self) -> EpisodeConfig:
         return EpisodeConfig(turns=self.turns, reward=self.episode_reward, discount=self.turn_discount)
@@ -76,11 +93,26 @@ class TrainSettings:
     def from_dict(cls, d: dict[str, Any]) -> "TrainSettings":
         """From a plain mapping (conf/train.yaml as a dict): unknown keys and mistyped values are an
         error naming the setting (the shared config builder)."""
-        from opsynth.config import build
-
         d = dict(d)
         d["policy"] = PolicyConfig.from_dict(d.get("policy"))
         return build(cls, d, "train")
+
+
+def _with_reward_workers(cfg: RewardConfig, workers: int | None) -> RewardConfig:
+    """`cfg` with `reward_workers` folded in once, as a new (validated) RewardConfig.
+
+    `reward_workers` is the default of `reward_env.build_workers` (an explicit build_workers wins).
+    Without prebuild it is also the number of measuring children (candidates build in them): that
+    value has one knob, so a `reward_env.measure_workers` set to another number is refused."""
+    if not workers:
+        return cfg
+    values = {"build_workers": cfg.build_workers or workers}
+    if not cfg.resolved_prebuild(cfg.resolved_device()):
+        if cfg.measure_workers not in (None, 0, workers):
+            raise ValueError(f"reward_workers={workers} and reward_env.measure_workers={cfg.measure_workers} both set "
+                             "the measuring children in flight (prebuild=false); set reward_workers only")
+        values["measure_workers"] = workers
+    return dataclasses.replace(cfg, **values)
 
 
 def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
@@ -110,33 +142,27 @@ def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
     return GRPOConfig(output_dir=settings.output_dir, seed=settings.seed, **kwargs)
 
 
-def reward_env_config(settings: TrainSettings):
-    """The reward environment's `RewardConfig`; `reward_workers` sets how many candidates build at once."""
-    from opsynth.reward.eval_types import RewardConfig
+def reward_env_config(settings: TrainSettings) -> RewardConfig:
+    """The reward environment's `RewardConfig` (`reward_workers` already folded in)."""
+    return settings.reward_env
 
-    values = dict(settings.reward_env)
-    if settings.reward_workers:
-        values.setdefault("build_workers", settings.reward_workers)
-    cfg = RewardConfig.from_dict(values)  # unknown keys are an error
-    if settings.reward_workers and "measure_workers" not in values and not cfg.resolved_prebuild(cfg.resolved_device()):
-        cfg.measure_workers = settings.reward_workers  # without prebuild, candidates build in the measuring children
-    return cfg
+
+def rewards_in_process(settings: TrainSettings) -> bool:
+    return settings.reward_cluster.kind == IN_PROCESS
 
 
 def reward_cluster_evaluator(settings: TrainSettings):
     """evaluate_many bound to the Dask cluster `reward_cluster` names (None: in this process).
 
     The cluster lives as long as this process (closed at exit)."""
-    spec = dict(settings.reward_cluster or {})
-    if spec.get("kind", "none") in ("none", None):
+    if rewards_in_process(settings):
         return None
     import atexit
 
-    from opsynth.cluster import ClusterConfig, start_cluster
-    from opsynth.config import build
+    from opsynth.cluster import start_cluster
     from opsynth.reward.evaluate import evaluate_many
 
-    handle = start_cluster(build(ClusterConfig, spec, "reward_cluster"))
+    handle = start_cluster(settings.reward_cluster)
     atexit.register(handle.close)
     return lambda pairs, cfg: evaluate_many(pairs, cfg, client=handle.client)
 
@@ -196,13 +222,9 @@ def train(
     `feedback_fn(result, attempt)` for the feedback turn's wording (`opsynth.train.feedback`);
     `callbacks` are extra `transformers.TrainerCallback`s (a benchmark's time budget, say).
     """
-    from datasets import Dataset
+    from opsynth.train import trl_internals
 
-    from opsynth.train.metrics import MetricsJsonl, StepPrinter, read_metrics
-    from opsynth.train.model_card import write_model_card
-    from opsynth.train.reward_fn import KernelReward
-    from opsynth.train.rollout import EpisodeReward, MultiTurnRollout, prompt_key
-
+    trl_internals.check()  # a TRL whose internals moved stops here, before any model loads
     rows = select_tasks(  # first: shards that give no tasks leave no output folder behind
         settings.shards, split=settings.split, heldout_fraction=settings.heldout_fraction,
         curriculum=settings.curriculum, max_num_ops=settings.max_num_ops, limit=settings.limit_tasks,
@@ -212,52 +234,92 @@ def train(
     os.makedirs(settings.output_dir, exist_ok=True)
     brief = kernel_brief(reward_env_config(settings).quoted_settings())  # the tolerance the reward applies
     if model_and_tokenizer is not None:
-        model, tokenizer = model_and_tokenizer
-        chat = False
+        (model, tokenizer), chat = model_and_tokenizer, False
     else:
-        from accelerate import PartialState
+        model, tokenizer, chat = _load_policy(settings, rows, brief)
+    run = _RunFiles(settings, resume_checkpoint(settings))
+    trainer, reward_fn, card, episode = _grpo_trainer(
+        settings, rows, model, tokenizer, chat, brief, run, prompt_fn=prompt_fn,
+        completion_to_candidate=completion_to_candidate, evaluate_many_fn=evaluate_many_fn,
+        feedback_fn=feedback_fn, callbacks=callbacks)
+    result = trainer.train(resume_from_checkpoint=run.checkpoint)
+    return _finish(settings, trainer, tokenizer, result, run, reward_fn, card, episode, tasks=len(rows))
 
-        from opsynth.train.policy import SMOKE_NAME
-        from opsynth.train.warm_start import smoke_examples
 
-        examples = []
-        if settings.policy.name_or_path == SMOKE_NAME:  # its programs are C++ or CUDA, as the reward runs them
-            device = reward_env_config(settings).resolved_device()
-            examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks, device)
-            if settings.policy.smoke.warm_start_tasks:
-                print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
-                      f"{'CUDA' if device == 'cuda' else 'C++'} programs"
-                      + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
-                         "the smoke policy will not write programs)"), flush=True)
-        # Rank 0 builds (or downloads) the policy first; the others then read it from the cache.
-        with PartialState().main_process_first():
-            model, tokenizer, chat = load_policy(
-                settings.policy, settings.output_dir, corpus=[brief] + [r["code"] for r in rows],
-                warm_start_examples=examples,
-            )
+def _load_policy(settings: TrainSettings, rows: list[dict[str, Any]], brief: str):
+    """The policy of `settings.policy` (the smoke policy warm-started on some of these tasks);
+    rank 0 builds or downloads it first, the other ranks then read it from the cache."""
+    from accelerate import PartialState
+
+    from opsynth.train.policy import SMOKE_NAME
+    from opsynth.train.warm_start import smoke_examples
+
+    examples = []
+    if settings.policy.name_or_path == SMOKE_NAME:  # its programs are C++ or CUDA, as the reward runs them
+        device = reward_env_config(settings).resolved_device()
+        examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks, device)
+        if settings.policy.smoke.warm_start_tasks:
+            print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
+                  f"{'CUDA' if device == 'cuda' else 'C++'} programs"
+                  + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
+                     "the smoke policy will not write programs)"), flush=True)
+    with PartialState().main_process_first():
+        return load_policy(settings.policy, settings.output_dir, corpus=[brief] + [r["code"] for r in rows],
+                           warm_start_examples=examples)
+
+
+@dataclass
+class _RunFiles:
+    """Where this rank's run writes, and the checkpoint it resumes from (None: a fresh run)."""
+
+    settings: TrainSettings
+    checkpoint: str | None
+    rank: int = field(default_factory=lambda: int(os.environ.get("RANK", "0")))
+
+    @property
+    def metrics(self) -> str:
+        return os.path.join(self.settings.output_dir, "metrics.jsonl")
+
+    @property
+    def rollouts(self) -> str:
+        return os.path.join(self.settings.output_dir, f"rollouts-rank{self.rank}.jsonl")
+
+    @property
+    def evaluations(self) -> str:
+        return os.path.join(self.settings.output_dir, f"evaluations-rank{self.rank}.jsonl")
+
+    def start_fresh(self) -> None:
+        """A fresh run starts a fresh curve: rank 0 removes an earlier run's logs."""
+        if not self.checkpoint and self.rank == 0:
+            for path in (self.metrics, self.rollouts, self.evaluations):
+                if os.path.exists(path):
+                    os.remove(path)
+
+
+def _grpo_trainer(settings: TrainSettings, rows, model, tokenizer, chat: bool, brief: str, run: _RunFiles, *,
+                  prompt_fn, completion_to_candidate, evaluate_many_fn, feedback_fn, callbacks):
+    """The GRPOTrainer of this run: prompts, the reward environment behind a multi-turn rollout,
+    our model card, the metrics callbacks. Returns (trainer, reward function, card fields, episode)."""
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from opsynth.train.metrics import MetricsJsonl, StepPrinter
+    from opsynth.train.model_card import write_model_card
+    from opsynth.train.reward_fn import KernelReward
+    from opsynth.train.rollout import EpisodeReward, MultiTurnRollout, prompt_key
+
     records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat, brief) for r in rows]
-    dataset = Dataset.from_list(records)
     tasks = {prompt_key(rec["prompt"]): row for rec, row in zip(records, rows)}
-
     args = grpo_config(settings)
-    rank = int(os.environ.get("RANK", "0"))
-    if evaluate_many_fn is None:
-        evaluate_many_fn = reward_cluster_evaluator(settings)
     reward_fn = KernelReward(
         reward_env_config(settings),
         completion_to_candidate=completion_to_candidate,
-        log_path=os.path.join(settings.output_dir, f"evaluations-rank{rank}.jsonl"),
-        evaluate_many_fn=evaluate_many_fn,
+        log_path=run.evaluations,
+        evaluate_many_fn=evaluate_many_fn if evaluate_many_fn is not None else reward_cluster_evaluator(settings),
     )
     episode = settings.episode()
     rollout = MultiTurnRollout(reward_fn, episode, chat, tasks, feedback=feedback_fn)
-    checkpoint = resume_checkpoint(settings)
-    metrics_path = os.path.join(settings.output_dir, "metrics.jsonl")
-    rollouts_path = os.path.join(settings.output_dir, f"rollouts-rank{rank}.jsonl")
-    if not checkpoint and rank == 0:
-        for path in (metrics_path, rollouts_path, reward_fn.log_path):
-            if os.path.exists(path):
-                os.remove(path)  # a fresh run starts a fresh curve
+    run.start_fresh()
     card = dict(policy=settings.policy.name_or_path, shards=settings.shards, split=settings.split,
                 tasks=len(rows), reward_env=reward_fn.eval_cfg, episode=episode, trainer=settings.trainer)
     trainer_cls = _card_writing_trainer(lambda out: write_model_card(out, **card))
@@ -265,43 +327,49 @@ def train(
         model=model,
         reward_funcs=[EpisodeReward(episode.turns)],
         args=args,
-        train_dataset=dataset,
+        train_dataset=Dataset.from_list(records),
         processing_class=tokenizer,
         rollout_func=rollout,
-        callbacks=[MetricsJsonl(metrics_path, resume_step=_checkpoint_step(checkpoint),
-                                rollouts=rollout, rollouts_path=rollouts_path), *(callbacks or [])],
+        callbacks=[MetricsJsonl(run.metrics, resume_step=_checkpoint_step(run.checkpoint),
+                                rollouts=rollout, rollouts_path=run.rollouts), *(callbacks or [])],
     )
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
     trainer.remove_callback(ProgressCallback)  # both print each step's whole log dict (some 40 keys)
     trainer.remove_callback(PrinterCallback)
     if settings.print_steps:
         trainer.add_callback(StepPrinter(episode.turns))
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    return trainer, reward_fn, card, episode
+
+
+def _finish(settings: TrainSettings, trainer, tokenizer, result, run: _RunFiles, reward_fn, card, episode,
+            tasks: int) -> dict[str, Any]:
+    """Save the final policy; on rank 0 write `summary.json` and the model cards; the summary."""
+    from opsynth.train.metrics import read_metrics
+    from opsynth.train.model_card import write_model_card
+
     final_dir = os.path.join(settings.output_dir, "final")
     trainer.save_model(final_dir)
-    summary: dict[str, Any] = {}
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(final_dir)
-        steps = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
-        summary = {
-            "output_dir": settings.output_dir,
-            "policy": settings.policy.name_or_path,
-            "tasks": len(rows),
-            "turns": episode.turns,
-            "episode_reward": episode.reward,
-            "global_step": trainer.state.global_step,
-            "resumed_from": checkpoint,
-            "train_runtime_s": result.metrics.get("train_runtime"),
-            "first_reward": steps[0]["reward"] if steps else None,
-            "last_reward": steps[-1]["reward"] if steps else None,
-            "reward_by_step": [(s["step"], s["reward"]) for s in steps],
-            "evaluations": len(reward_fn.history),
-        }
-        with open(os.path.join(settings.output_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        write_model_card(final_dir, **card, summary=summary)
-        write_model_card(settings.output_dir, **card, summary=summary)
+    if not trainer.is_world_process_zero():
+        return {}
+    tokenizer.save_pretrained(final_dir)
+    steps = read_metrics(run.metrics) if os.path.exists(run.metrics) else []
+    summary: dict[str, Any] = {
+        "output_dir": settings.output_dir,
+        "policy": settings.policy.name_or_path,
+        "tasks": tasks,
+        "turns": episode.turns,
+        "episode_reward": episode.reward,
+        "global_step": trainer.state.global_step,
+        "resumed_from": run.checkpoint,
+        "train_runtime_s": result.metrics.get("train_runtime"),
+        "first_reward": steps[0]["reward"] if steps else None,
+        "last_reward": steps[-1]["reward"] if steps else None,
+        "reward_by_step": [(s["step"], s["reward"]) for s in steps],
+        "evaluations": len(reward_fn.history),
+    }
+    with open(os.path.join(settings.output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    write_model_card(final_dir, **card, summary=summary)
+    write_model_card(settings.output_dir, **card, summary=summary)
     return summary
 
 

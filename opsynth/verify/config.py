@@ -93,8 +93,7 @@ class VerifyConfig:
     # median (0: always run the full count). Saves device time on stable GPU timings.
     timing_rel_tol: float = 0.0
     # Serialise timing across all workers (and pools) on one device with a file lock.
-    serialize_timing: bool = True
-    lock_dir: str | None = None
+    serialize_timing: bool = True  # the lock's folder is one per machine: opsynth.runtime.device_lock
 
     # Confine every worker with the runtime's sandbox (opsynth.runtime.isolation) before any task
     # code runs: it writes only its own scratch folder and the pool's compile caches, sees no network
@@ -242,10 +241,7 @@ class VerifyConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "VerifyConfig":
         """Build from a plain mapping (e.g. a Hydra/OmegaConf node turned into a dict); unknown
-        keys are an error so a typo in YAML does not pass silently."""
-        d = dict(d or {})
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown VerifyConfig keys: {unknown}")
-        return cls(**d)
+        keys are an error so a typo in YAML does not pass silently (the shared builder)."""
+        from opsynth.config import build
+
+        return build(cls, d, "verify")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from opsynth.runtime import supervise
+from opsynth.runtime.device_lock import LOCK_DIR_ENV, device_lock_path, resolve_lock_dir
 
 from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
@@ -281,6 +282,7 @@ class WorkerPool:
         env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # parallelism comes from the workers
         env["MALLOC_ARENA_MAX"] = "2"  # fewer glibc arenas: less virtual memory under RLIMIT_AS
         env["PYTHONFAULTHANDLER"] = "1"
+        env[LOCK_DIR_ENV] = resolve_lock_dir()  # named here: a confined worker's temp folder is its scratch
         if self.device == "cpu":
             threads = self.cfg.cpu_threads_per_worker or max(1, usable_cpus() // self.n_workers)
             for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPSYNTH_VERIFY_THREADS"):
@@ -302,16 +304,11 @@ class WorkerPool:
         """A confined worker's config and the lock file it must reach. Its TMPDIR is its scratch,
         so the pool names the lock folder, and creates the file: the worker sees that folder
         read-only and locks the file opened for reading (flock needs no write access)."""
-        import dataclasses
-
-        from .timing import device_lock_path
-
         if not self.cfg.serialize_timing:
             return self.cfg, []
-        lock_dir = self.cfg.lock_dir or tempfile.gettempdir()
-        path = device_lock_path(self.device, 0, lock_dir, env)
+        path = device_lock_path(self.device, 0, env[LOCK_DIR_ENV], env)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
-        return dataclasses.replace(self.cfg, lock_dir=lock_dir), [path]
+        return self.cfg, [path]
 
     def start(self) -> "WorkerPool":
         if not self._closed:

@@ -1,4 +1,5 @@
-"""Median runtimes, and the lock that keeps timings on one device from overlapping.
+"""Median runtimes, and the lock that keeps timings on one device from overlapping
+(`opsynth.runtime.device_lock`, re-exported here).
 
 On CUDA a run is timed with CUDA events after warm-up. On CPU a single-threaded worker (the
 default: one torch thread per worker) is timed with its thread's CPU time (``time.thread_time``),
@@ -15,71 +16,17 @@ module) shares the lock and lives here too, so the project has one timing module
 
 from __future__ import annotations
 
-import fcntl
 import math
 import os
 import random
 import statistics
-import tempfile
 import time
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 
-def lock_path(device_key: str, lock_dir: str | None = None) -> str:
-    base = lock_dir or tempfile.gettempdir()
-    return os.path.join(base, f"opsynth-verify-timing-{device_key}.lock")
-
-
-def gpu_key(index: int = 0, env: dict[str, str] | None = None) -> str:
-    """The physical GPU behind visible CUDA device ``index``: its entry in ``CUDA_VISIBLE_DEVICES``
-    (an index or a UUID) when that is set, else the index itself. Read without initialising CUDA,
-    from ``env`` (another process's environment) or this process's."""
-    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip():
-        entries = [e.strip() for e in visible.split(",") if e.strip()]
-        if 0 <= index < len(entries):
-            return entries[index]
-    return str(index)
-
-
-def device_lock_path(device: str, index: int = 0, lock_dir: str | None = None,
-                     env: dict[str, str] | None = None) -> str:
-    """The one lock file of a device, shared by the verifier and the reward environment: one per
-    physical GPU (two GPUs never share a lock, whatever each process's CUDA_VISIBLE_DEVICES), one for
-    the CPU. ``env``: the environment of the process that will lock it, when not this one."""
-    key = "cpu" if device == "cpu" else f"cuda{gpu_key(index, env)}"
-    return lock_path(key, lock_dir)
-
-
-@contextmanager
-def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
-              on_acquired: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (no-op when ``path`` is None). ``on_wait`` is called
-    before blocking and ``on_acquired`` after, so the parent can stop counting the wait against
-    the task's timeout."""
-    if path is None:
-        yield
-        return
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:  # a sandboxed reader sees the lock on a read-only mount: flock needs no write access
-        fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait:
-                on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if on_acquired:
-                on_acquired()
-        yield
-    finally:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+# The device lock (its folder, its per-GPU file, the flock) lives in the runtime room; re-exported
+# here, where the harness snapshot of the reward's candidate child watches this module's functions.
+from opsynth.runtime.device_lock import device_lock_path, file_lock, gpu_key, lock_path  # noqa: E402,F401
 
 
 NOISE_ENV = "OPSYNTH_TIMING_NOISE"

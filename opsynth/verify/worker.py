@@ -139,7 +139,7 @@ class Worker:
             threads = cfg.cpu_threads_per_worker or int(os.environ.get("OPSYNTH_VERIFY_THREADS", "1"))
             torch.set_num_threads(max(1, threads))
             self.device_name = "cpu"
-        self.lock_file = device_lock_path(self.device, 0, cfg.lock_dir) if cfg.serialize_timing else None
+        self.lock_file = device_lock_path(self.device, 0) if cfg.serialize_timing else None  # the pool set its folder
         self._lock_depth = 0
         # What this request spent where: [kind, start, end] in wall-clock seconds (comparable across
         # the processes of one host), kinds "checks", "compile", "timing"; and the lock wait.

@@ -89,17 +89,18 @@ def test_each_bad_row_gets_its_reason_and_the_good_rows_are_kept(audited):
 @pytest.fixture(scope="module")
 def clean_folder(tmp_path_factory, kernelbench_parquet):
     """A tiny dataset the generator writes on CPU (as the pipeline tests run it)."""
-    from opsynth import pipeline
+    from opsynth.generate import candidate, driver
+    from opsynth.generate.config import GenerateConfig
 
     out = tmp_path_factory.mktemp("clean") / "ds"
-    cfg = pipeline.GenerateConfig(n_tasks=4, output_dir=str(out), progress=False, write_card=True)
+    cfg = GenerateConfig(n_tasks=4, output_dir=str(out), progress=False, write_card=True)
     cfg.sampler.scale = 0.1
     cfg.verify.device, cfg.verify.compile_backend, cfg.verify.n_workers = "cpu", "eager", 1
     cfg.verify.cpu_min_ms, cfg.verify.cpu_max_ms = 0.0, 1e6  # acceptance does not hinge on a timing
     cfg.cluster.n_workers, cfg.cluster.threads_per_worker = 1, 2
     cfg.dedup.kb_path = str(kernelbench_parquet)
-    pipeline.run(cfg)
-    pipeline._close_context()
+    driver.run(cfg)
+    candidate._close_context()
     return out
 
 

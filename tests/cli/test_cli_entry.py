@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opsynth import cli
-from opsynth.pipeline import GenerateConfig
+from opsynth.generate.config import GenerateConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

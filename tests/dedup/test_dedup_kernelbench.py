@@ -305,7 +305,7 @@ def test_config_yaml_matches_the_dataclass():
     cfg = DedupConfig.from_any(yaml)
     assert cfg == DedupConfig()
     assert set(OmegaConf.to_container(yaml)) == set(DedupConfig.__dataclass_fields__)
-    with pytest.raises(ValueError, match="unknown dedup settings"):
+    with pytest.raises(ValueError, match=r"unknown dedup setting\(s\) \['kb_treshold'\]"):
         DedupConfig.from_any({"kb_treshold": 0.5})
     with pytest.raises(ValueError, match="op_sequence_action"):
         DedupConfig(op_sequence_action="maybe")

@@ -12,14 +12,15 @@ import threading
 
 import pytest
 
-from opsynth import pipeline
+from opsynth.generate import candidate
+from opsynth.generate.config import candidate_seed
 from opsynth.dedup import DedupConfig
 from opsynth.graph import OpGraph, SamplerConfig
 from opsynth.render import parse_task, task_id
 from opsynth.shards import validate_row
 from opsynth.verify import REASONS, VerifyConfig
 
-SEED = pipeline.candidate_seed(0, 0)  # candidate 0 of seed 0: accepted in the small CPU setting
+SEED = candidate_seed(0, 0)  # candidate 0 of seed 0: accepted in the small CPU setting
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +31,13 @@ def cfgs(kernelbench_parquet):
                                              cpu_min_ms=0.0, cpu_max_ms=1e6))
     dedup = dataclasses.asdict(DedupConfig(kb_path=str(kernelbench_parquet)))
     yield sampler, verify, dedup
-    pipeline._close_context()
+    candidate._close_context()
 
 
 @pytest.fixture(scope="module")
 def accepted(cfgs):
     sampler, verify, dedup = cfgs
-    return pipeline.process_candidate(0, SEED, sampler, verify, dedup, True)
+    return candidate.process_candidate(0, SEED, sampler, verify, dedup, True)
 
 
 def test_a_good_seed_gives_an_accepted_record_with_a_valid_row(accepted):
@@ -75,24 +76,24 @@ def test_a_kernelbench_rejection_names_the_check_and_the_nearest_problem(cfgs, a
     sampler, verify, dedup = cfgs
     sim, nearest = accepted["row"]["kb_max_similarity"], accepted["row"]["kb_nearest"]
     assert 0.05 < sim < 0.9, "the probe needs room below the similarity"
-    rec = pipeline.process_candidate(0, SEED, sampler, verify, {**dedup, "kb_threshold": sim - 0.01}, True)
+    rec = candidate.process_candidate(0, SEED, sampler, verify, {**dedup, "kb_threshold": sim - 0.01}, True)
     assert rec["accepted"] is False and rec["row"] is None
     assert rec["reason"] == "kb_similarity"
     assert rec["evidence"]["similarity"] == pytest.approx(sim) and rec["evidence"]["nearest"] == nearest
-    passed = pipeline.process_candidate(0, SEED, sampler, verify, {**dedup, "kb_threshold": sim + 0.01}, True)
+    passed = candidate.process_candidate(0, SEED, sampler, verify, {**dedup, "kb_threshold": sim + 0.01}, True)
     assert passed["accepted"] is True and passed["row"]["kb_max_similarity"] == pytest.approx(sim)
 
 
 def test_a_sampling_failure_is_a_record_not_an_exception(cfgs):
     sampler, verify, dedup = cfgs
-    rec = pipeline.process_candidate(5, 5, {**sampler, "max_attempts": 0}, verify, dedup, True)
+    rec = candidate.process_candidate(5, 5, {**sampler, "max_attempts": 0}, verify, dedup, True)
     assert (rec["accepted"], rec["reason"], rec["index"]) == (False, "sampling_failed", 5)
     assert "attempts" in rec["evidence"]
 
 
 def test_kb_check_off_leaves_the_similarity_columns_null_and_the_task_unchanged(cfgs, accepted):
     sampler, verify, dedup = cfgs
-    rec = pipeline.process_candidate(0, SEED, sampler, verify, dedup, False)
+    rec = candidate.process_candidate(0, SEED, sampler, verify, dedup, False)
     assert rec["accepted"], rec
     # Same seed, same task: what a resumed run relies on.
     assert rec["row"]["code"] == accepted["row"]["code"] and rec["signature"] == accepted["signature"]
@@ -104,7 +105,7 @@ def test_a_verifier_rejection_is_a_record_with_a_named_reason(cfgs):
     # Last in the module: new verify settings restart the sandbox pool.
     sampler, verify, dedup = cfgs
     impossible = {**verify, "cpu_min_ms": 1e9, "cpu_max_ms": 2e9}  # no task is this slow
-    rec = pipeline.process_candidate(0, SEED, sampler, impossible, dedup, True)
+    rec = candidate.process_candidate(0, SEED, sampler, impossible, dedup, True)
     assert rec["accepted"] is False and rec["row"] is None
     assert rec["reason"] == "too_fast" and rec["reason"] in REASONS
     assert rec["evidence"]
@@ -121,10 +122,10 @@ def test_every_candidate_takes_the_ast_parse_lock(cfgs, accepted):
     original = getattr(ast.parse, "__wrapped__", ast.parse)
     ast.parse = original
     try:
-        pipeline._context(sampler, verify, dedup, True)  # same settings as `accepted`: nothing rebuilds
+        candidate._context(sampler, verify, dedup, True)  # same settings as `accepted`: nothing rebuilds
         assert ast.parse is not original and getattr(ast.parse, "_opsynth_serialized", False)
         done = threading.Event()
-        with pipeline._AST_LOCK:
+        with candidate._AST_LOCK:
             t = threading.Thread(target=lambda: (ast.parse("x = 1"), done.set()))
             t.start()
             assert not done.wait(0.5), "ast.parse ran while the pipeline's lock was held"
@@ -140,8 +141,8 @@ def test_ast_parse_is_safe_in_candidate_threads():
     serialises ast.parse in its worker processes; this is the reproducer that fails without it."""
     import ast
 
-    pipeline.serialize_ast_parse()
-    source = open(pipeline.__file__).read()
+    candidate.serialize_ast_parse()
+    source = open(candidate.__file__).read()
     errors = []
 
     class Cycle:

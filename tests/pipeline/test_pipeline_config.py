@@ -11,8 +11,7 @@ from hydra import compose, initialize_config_dir
 from pipeline_cli import REPO, generate_cmd, run_env
 
 from opsynth.cluster import ClusterConfig
-from opsynth.config import generate_config
-from opsynth.pipeline import GenerateConfig
+from opsynth.generate.config import GenerateConfig, generate_config
 
 CONF = REPO / "conf"
 GROUPS = {name: sorted(p.stem for p in (CONF / name).glob("*.yaml")) for name in ("cluster", "sampler", "verify", "dedup")}
@@ -108,11 +107,20 @@ def test_cli_config_errors_are_one_clear_line(tmp_path, kernelbench):
 @pytest.mark.parametrize("device,band", [("cpu", (0.05, 100.0, 4.0)), ("cuda", (1.0, 100.0, 24.0))])
 def test_the_run_records_the_band_of_the_device_that_verifies(device, band):
     """A CPU run's card and runtimes plot must not show the GPU's 1 ms floor (nor both bands)."""
-    from opsynth.pipeline import _describe_run
+    from opsynth.generate.config import describe_run
     from opsynth.shards import RunStats
 
     stats = RunStats()
-    _describe_run(stats, generate_config(_compose(f"verify={device}")))
+    describe_run(stats, generate_config(_compose(f"verify={device}")))
     th = stats.thresholds
     assert (th["verify_device"], th["eager_ms_min"], th["eager_ms_max"], th["mem_cap_gb"]) == (device, *band)
     assert not any(k.startswith("cpu_") for k in th)
+
+
+def test_generate_config_checks_its_own_values_when_built():
+    """`__post_init__`: a bad top-level value stops at construction (the groups and the folder are
+    checked by `validate()`, just before a run)."""
+    for bad, name in (({"n_tasks": 0}, "n_tasks"), ({"output_dir": ""}, "output_dir"), ({"flush_every": 0}, "flush_every")):
+        with pytest.raises(ValueError, match=name):
+            GenerateConfig(**bad)
+    GenerateConfig(cluster=ClusterConfig(kind="scheduler"))  # a group's settings: validate()'s business

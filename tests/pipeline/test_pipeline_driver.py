@@ -1,4 +1,4 @@
-"""The driver loop of `opsynth.pipeline.run` against an in-process Dask cluster, with candidate
+"""The driver loop of `opsynth.generate.driver.run` against an in-process Dask cluster, with candidate
 processing replaced by a stand-in that finishes in *reverse* order: rows are still committed in
 candidate order, the run stops at n_tasks or max_candidates, and a resumed run continues exactly
 where the first one stopped. (The real candidate path is covered by test_pipeline_candidate.py and,
@@ -14,7 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from opsynth import pipeline
+from opsynth.generate import candidate, driver
+from opsynth.generate import state as statefile
+from opsynth.generate.config import GenerateConfig, candidate_seed
+from opsynth.generate.state import STATE_FILE
 from opsynth.cluster import ClusterHandle
 from opsynth.dedup import DedupConfig, NearDupIndex
 from opsynth.graph import Sampler, SamplerConfig
@@ -33,7 +36,7 @@ def tasks():
     sampler = Sampler(SamplerConfig(scale=0.1), catalog)
     out = {}
     for i in range(N_CANDIDATES):
-        st = sampler.sample(pipeline.candidate_seed(0, i))
+        st = sampler.sample(candidate_seed(0, i))
         code = render_task(st.graph, catalog)
         out[i] = {"st": st, "code": code, "task_id": task_id(code), "signature": st.graph.signature(),
                   "ops": st.graph.ops(), "graph": st.graph.to_json()}
@@ -76,9 +79,9 @@ def fake(monkeypatch, tasks, tmp_path):
         cluster = LocalCluster(n_workers=1, threads_per_worker=4, processes=False, dashboard_address=None)
         return ClusterHandle(Client(cluster), cluster, "local", 4, False)
 
-    monkeypatch.setattr(pipeline, "process_candidate", process)
-    monkeypatch.setattr(pipeline, "start_cluster", start_cluster)
-    monkeypatch.setattr(pipeline, "measure_peaks", _fake_peaks)
+    monkeypatch.setattr(driver, "process_candidate", process)
+    monkeypatch.setattr(driver, "start_cluster", start_cluster)
+    monkeypatch.setattr(driver, "measure_peaks", _fake_peaks)
     return fake
 
 
@@ -88,7 +91,7 @@ def _fake_peaks(sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):
 
 
 def _cfg(out, n_tasks, **kw):
-    cfg = pipeline.GenerateConfig(n_tasks=n_tasks, output_dir=str(out), kb_check=False, progress=False,
+    cfg = GenerateConfig(n_tasks=n_tasks, output_dir=str(out), kb_check=False, progress=False,
                                   write_card=False, flush_every=1, **kw)
     cfg.sampler.scale = 0.1
     return cfg
@@ -109,7 +112,7 @@ def _expected(tasks, n_tasks) -> tuple[list[str], int]:
 
 def _run_with_deadline(cfg, seconds=120):
     box = {}
-    t = threading.Thread(target=lambda: box.update(summary=pipeline.run(cfg)), daemon=True)
+    t = threading.Thread(target=lambda: box.update(summary=driver.run(cfg)), daemon=True)
     t.start()
     t.join(seconds)
     assert not t.is_alive(), f"run() did not return within {seconds} s"
@@ -122,7 +125,7 @@ def test_rows_are_committed_in_candidate_order(tmp_path, tasks, fake):
     assert [r["task_id"] for r in read_rows(tmp_path / "ds", columns=["task_id"])] == rows
     assert summary["accepted"] == 8 and summary["candidates"] == next_index
     assert summary["rejected"].get("too_fast") == sum(1 for i in range(next_index) if not _accepts(i))
-    state = json.loads((tmp_path / "ds" / pipeline.STATE_FILE).read_text())
+    state = json.loads((tmp_path / "ds" / STATE_FILE).read_text())
     # one past the candidate that brought the 8th row: nothing after it was committed
     assert state["finished"] is True and state["next_index"] == next_index
 
@@ -146,7 +149,7 @@ def test_the_run_stops_at_max_candidates_when_nothing_is_accepted(tmp_path, fake
     assert summary["accepted"] == 0 and summary["rejected"] == {"too_fast": 5}
     assert summary["rows"] == 0  # the CLI turns this shortfall into exit code 3
     assert max(fake.calls()) == 4, "no candidate past max_candidates may be submitted"
-    assert json.loads((tmp_path / "ds" / pipeline.STATE_FILE).read_text())["next_index"] == 5
+    assert json.loads((tmp_path / "ds" / STATE_FILE).read_text())["next_index"] == 5
 
 
 def test_stop_ends_the_run_early_and_every_result_reaches_on_result(tmp_path, tasks, fake):
@@ -161,7 +164,7 @@ def test_stop_ends_the_run_early_and_every_result_reaches_on_result(tmp_path, ta
 
     out = tmp_path / "ds"
     box = {}
-    t = threading.Thread(target=lambda: box.update(summary=pipeline.run(_cfg(out, 30), on_result=on_result, stop=stop)),
+    t = threading.Thread(target=lambda: box.update(summary=driver.run(_cfg(out, 30), on_result=on_result, stop=stop)),
                          daemon=True)
     t.start()
     t.join(120)
@@ -172,7 +175,7 @@ def test_stop_ends_the_run_early_and_every_result_reaches_on_result(tmp_path, ta
     if rows:  # results arrive out of order: the first five may commit nothing yet
         assert rows == _expected(tasks, len(rows))[0]  # a prefix of the uninterrupted run
     assert "writing" in summary["stage_seconds"]
-    state = json.loads((out / pipeline.STATE_FILE).read_text())
+    state = json.loads((out / STATE_FILE).read_text())
     assert state["next_index"] == summary["candidates"]
 
 
@@ -181,12 +184,12 @@ def test_rows_on_disk_ahead_of_the_state_are_neither_rewritten_nor_miscounted(tm
     about. Simulated here by restoring an earlier state file after a run: the rerun must skip those
     rows and still end with the rows *and the counts* of an uninterrupted run."""
     snapshots = []
-    save = pipeline._save_state
-    monkeypatch.setattr(pipeline, "_save_state", lambda out, state: (snapshots.append(json.dumps(state)), save(out, state)))
+    save = statefile.save_state
+    monkeypatch.setattr(statefile, "save_state", lambda out, state: (snapshots.append(json.dumps(state)), save(out, state)))
     crashed, ref = tmp_path / "crashed", tmp_path / "ref"
     _run_with_deadline(_cfg(crashed, 5))
     early = next(json.loads(s) for s in snapshots if json.loads(s)["stats"]["accepted"] == 2)
-    (crashed / pipeline.STATE_FILE).write_text(json.dumps(early))  # the state of 2 rows; 5 are on disk
+    (crashed / STATE_FILE).write_text(json.dumps(early))  # the state of 2 rows; 5 are on disk
 
     got = _run_with_deadline(_cfg(crashed, 8))
     want = _run_with_deadline(_cfg(ref, 8))
@@ -211,8 +214,8 @@ def test_a_candidate_that_kills_its_dask_worker_twice_is_rejected_and_the_run_go
     def peaks(sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):  # nested: no verify sandboxes for this test
         return {"kind": "cpu", "measured": {}, "reference": {}}
 
-    monkeypatch.setattr(pipeline, "process_candidate", process)
-    monkeypatch.setattr(pipeline, "measure_peaks", peaks)
+    monkeypatch.setattr(driver, "process_candidate", process)
+    monkeypatch.setattr(driver, "measure_peaks", peaks)
     cfg = _cfg(tmp_path / "ds", 1, max_candidates=3)
     cfg.cluster.n_workers, cfg.cluster.threads_per_worker = 1, 1  # one candidate at a time: only 1 dies
     summary = _run_with_deadline(cfg, seconds=180)
@@ -231,19 +234,19 @@ def test_sampler_scale_null_is_resolved_by_the_device_that_verifies(tmp_path, fa
 
     monkeypatch.setattr(opsynth.cluster, "visible_gpus", lambda: gpus)
     seen = tmp_path / "scales.txt"
-    inner = pipeline.process_candidate  # the stand-in; the scale is decided where a worker builds its sampler
+    inner = driver.process_candidate  # the stand-in; the scale is decided where a worker builds its sampler
     import opsynth.verify.pool
 
     monkeypatch.setattr(opsynth.verify.pool, "detect_device", lambda want: "cuda" if gpus else "cpu")
 
     def spy(index, seed, sampler_cfg, verify_cfg, *args, **kw):
         assert sampler_cfg["scale"] is None  # not decided on the launching machine
-        scfg = pipeline._worker_sampler_config(sampler_cfg, verify_cfg["device"])  # what _context does
+        scfg = candidate._worker_sampler_config(sampler_cfg, verify_cfg["device"])  # what _context does
         with open(seen, "a") as f:
             f.write(f"{scfg.scale}\n")
         return inner(index, seed, sampler_cfg, verify_cfg, *args, **kw)
 
-    monkeypatch.setattr(pipeline, "process_candidate", spy)
+    monkeypatch.setattr(driver, "process_candidate", spy)
     cfg = _cfg(tmp_path / "ds", 2)
     cfg.sampler.scale = None
     assert cfg.verify.device == "auto"
@@ -256,7 +259,7 @@ def test_flush_every_above_one_writes_shards_and_state_every_that_many_rows(tmp_
     """README: `flush_every` N writes the shards and the resume state at least every N accepted rows
     (and not at every row: a flush rewrites the open shard)."""
     saves = []
-    save = pipeline._save_state
+    save = statefile.save_state
 
     def record(out, state):
         from opsynth.shards import count_rows
@@ -264,7 +267,7 @@ def test_flush_every_above_one_writes_shards_and_state_every_that_many_rows(tmp_
         saves.append((state["stats"]["accepted"], count_rows(out), state.get("finished", False)))
         save(out, state)
 
-    monkeypatch.setattr(pipeline, "_save_state", record)
+    monkeypatch.setattr(statefile, "save_state", record)
     cfg = _cfg(tmp_path / "ds", 7)
     cfg.flush_every = 3
     _run_with_deadline(cfg)
@@ -300,7 +303,7 @@ def test_cluster_scheduler_runs_on_an_existing_dask_cluster_and_leaves_it_runnin
 
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as external, \
             pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "process_candidate", process)
+        mp.setattr(driver, "process_candidate", process)
         with Client(external) as probe:
             worker_pids = set(probe.run(os.getpid).values())
         cfg = _cfg(tmp_path / "ds", 3)

@@ -12,7 +12,7 @@ import sys
 import pytest
 from pipeline_cli import REPO, generate_cmd, run_env, run_generate
 
-from opsynth import pipeline
+from opsynth.generate.state import STATE_FILE
 from opsynth.render import task_id
 from opsynth.shards import COLUMNS, SCHEMA, read_rows, validate_row
 
@@ -108,7 +108,7 @@ def test_report_plots_and_card_are_written(generated):
     header = card.split("---\n")[1]
     assert "license:" in header and "configs:" in header and "data/train-*" in header
     assert "dataset_info:" in header and "num_examples: 3" in header
-    state = json.loads((out / pipeline.STATE_FILE).read_text())
+    state = json.loads((out / STATE_FILE).read_text())
     assert state["finished"] is True and state["next_index"] >= N_TASKS
 
 
@@ -118,7 +118,7 @@ def test_rerun_on_a_finished_folder_does_nothing(generated, kernelbench_parquet)
     (shard,) = (out / "data").iterdir()
     before = (shard.name, shard.stat().st_mtime_ns, shard.read_bytes())
     rows_before = read_rows(out)
-    state_before = json.loads((out / pipeline.STATE_FILE).read_text())
+    state_before = json.loads((out / STATE_FILE).read_text())
     card_before = (out / "README.md").read_text()
 
     # An unreachable scheduler: a finished folder must not need any cluster at all.
@@ -130,7 +130,7 @@ def test_rerun_on_a_finished_folder_does_nothing(generated, kernelbench_parquet)
     (shard_after,) = (out / "data").iterdir()
     assert (shard_after.name, shard_after.stat().st_mtime_ns, shard_after.read_bytes()) == before
     assert read_rows(out) == rows_before
-    state = json.loads((out / pipeline.STATE_FILE).read_text())
+    state = json.loads((out / STATE_FILE).read_text())
     assert state["next_index"] == state_before["next_index"]
     assert state["stats"] == state_before["stats"]  # same counts and settings, no extra wall time
     assert (out / "README.md").read_text() == card_before

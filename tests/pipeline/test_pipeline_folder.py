@@ -17,7 +17,9 @@ import pytest
 import test_pipeline_driver as driver
 from pipeline_cli import generate_cmd, run_env, run_generate
 
-from opsynth import pipeline
+from opsynth.generate.config import SEED_STRIDE
+from opsynth.generate.driver import run
+from opsynth.generate.state import STATE_FILE, DatasetFolderError
 from opsynth.shards import count_rows, read_rows
 
 fake, tasks = driver.fake, driver.tasks  # the stand-in's fixtures
@@ -30,7 +32,7 @@ def _run(cfg, seconds=120):
 
     def target():
         try:
-            box["summary"] = pipeline.run(cfg)
+            box["summary"] = run(cfg)
         except BaseException as e:  # noqa: BLE001 - handed to the test
             box["error"] = e
 
@@ -72,7 +74,7 @@ def _shards(out):
 
 def _assert_counts_match_files(out, summary, n):
     """Every count the run reports is the number of rows in the files."""
-    state = json.loads((out / pipeline.STATE_FILE).read_text())
+    state = json.loads((out / STATE_FILE).read_text())
     report = json.loads((out / "report.json").read_text())
     card = (out / "README.md").read_text()
     assert count_rows(out) == n
@@ -93,7 +95,7 @@ def test_a_damaged_folder_is_refused_with_one_line_naming_the_file(made, damage)
         victim.write_bytes(before[victim.name][: len(before[victim.name]) // 2])
     else:
         victim.write_bytes(b"not parquet at all")
-    with pytest.raises(pipeline.DatasetFolderError) as err:
+    with pytest.raises(DatasetFolderError) as err:
         _run(_config(made))
     msg = str(err.value)
     assert "\n" not in msg and f"data/{victim.name}" in msg, msg
@@ -124,7 +126,7 @@ def test_repair_regenerates_exactly_the_missing_seeds(made, reference, fake, dam
     assert read_rows(made) == want_rows  # every row, every column, in order: nothing else lost
     assert [p.name for p in _shards(made)] == [p.name for p in _shards(made.parent / "reference")]
     _assert_counts_match_files(made, got, N)
-    state = json.loads((made / pipeline.STATE_FILE).read_text())
+    state = json.loads((made / STATE_FILE).read_text())
     assert state["stats"]["repaired_rows"] == len(lost_ids)
     assert got["rejected"] == want["rejected"] and got["candidates"] == want["candidates"]
     if damage == "truncate":  # set aside, not deleted
@@ -137,7 +139,7 @@ def test_repair_regenerates_exactly_the_missing_seeds(made, reference, fake, dam
 def test_after_repair_a_larger_n_tasks_gives_the_rows_of_an_uninterrupted_run(tmp_path, made, fake):
     """The issue's sequence: a shard goes, the user reruns with a larger n_tasks."""
     _shards(made)[0].unlink()
-    with pytest.raises(pipeline.DatasetFolderError):
+    with pytest.raises(DatasetFolderError):
         _run(_config(made, n=N + 5))
     got = _run(_config(made, n=N + 5, repair=True))
     ref = tmp_path / "ref15"
@@ -177,7 +179,7 @@ def test_the_cli_refuses_a_damaged_folder_with_exit_2_and_no_traceback(made, ker
 def test_a_folder_whose_state_file_was_deleted_resumes_from_its_rows(tmp_path, made, reference, fake):
     """Not `"accepted": 0` beside the rows it holds: the state is rebuilt from the rows' seeds, the
     counts are the rows, and a larger n_tasks gives the rows of an uninterrupted run."""
-    (made / pipeline.STATE_FILE).unlink()
+    (made / STATE_FILE).unlink()
     calls_before = len(fake.calls())
     got = _run(_config(made))
     assert len(fake.calls()) == calls_before  # complete: nothing ran again
@@ -191,8 +193,8 @@ def test_a_folder_whose_state_file_was_deleted_resumes_from_its_rows(tmp_path, m
 
 
 def test_rows_of_another_seed_without_a_state_file_are_refused(made, fake):
-    (made / pipeline.STATE_FILE).unlink()
-    with pytest.raises(pipeline.DatasetFolderError, match="not candidates of seed=3"):
+    (made / STATE_FILE).unlink()
+    with pytest.raises(DatasetFolderError, match="not candidates of seed=3"):
         _run(_config(made, seed=3))
 
 
@@ -203,7 +205,7 @@ def _cli_on_finished_folder(made, kernelbench):
 
 
 def test_the_cli_says_what_a_folder_without_its_state_file_holds(made, kernelbench):
-    (made / pipeline.STATE_FILE).unlink()
+    (made / STATE_FILE).unlink()
     proc = _cli_on_finished_folder(made, kernelbench)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
@@ -226,4 +228,4 @@ def read_rows_of_file(path):
 
 
 def pipeline_index(seed: int) -> int:
-    return seed - 0 * pipeline.SEED_STRIDE  # the fixtures' runs use seed=0
+    return seed - 0 * SEED_STRIDE  # the fixtures' runs use seed=0

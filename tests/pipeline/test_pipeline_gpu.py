@@ -9,7 +9,7 @@ import json
 import pytest
 from pipeline_cli import generate_cmd, run_env, run_generate
 
-from opsynth import pipeline
+from opsynth.generate import candidate
 from opsynth.cluster import ClusterConfig, start_cluster
 from opsynth.shards import read_rows
 
@@ -26,7 +26,7 @@ def test_local_cuda_starts_one_pinned_gpu_worker_per_device():
         assert len(workers) == n and handle.gpu_resource and handle.slots == 2 * n
         assert all(w["resources"] == {"GPU": 2} for w in workers.values())
         # the device each worker's verify pool gets, asked from inside a task on that worker
-        futures = [handle.client.submit(pipeline._worker_gpu, workers=[addr], resources={"GPU": 1}, pure=False)
+        futures = [handle.client.submit(candidate._worker_gpu, workers=[addr], resources={"GPU": 1}, pure=False)
                    for addr in workers]
         pinned = handle.client.gather(futures)
         assert sorted(pinned) == list(range(n)), pinned

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from pipeline_cli import NOISE, REPO, generate_cmd, kill_marked, run_env, start_generate
 
-from opsynth import pipeline
+from opsynth.generate.state import STATE_FILE
 from opsynth.shards import read_rows
 
 N_TASKS = 50
@@ -61,7 +61,7 @@ def _why_rows_differ(a, b, rows_a, rows_b) -> str:
     seeds = {o: {r["seed"] for r in rows} for o, rows in ((a, rows_a), (b, rows_b))}
     lines = []
     for kept, other in ((a, b), (b, a)):
-        said = {e["seed"]: e for e in json.loads((other / pipeline.STATE_FILE).read_text())["examples"]}
+        said = {e["seed"]: e for e in json.loads((other / STATE_FILE).read_text())["examples"]}
         for seed in sorted(seeds[kept] - seeds[other]):
             row = next(r for r in (rows_a if kept == a else rows_b) if r["seed"] == seed)
             lines.append(f"seed {seed} kept by {kept.name} (eager {row['eager_ms']:.4g} ms), "
@@ -82,7 +82,7 @@ def test_same_seed_same_rows_under_timing_noise(two_runs):
     differ = sum(ra["eager_ms"] != rb["eager_ms"] for ra, rb in zip(rows_a, rows_b))
     assert differ >= N_TASKS - 2, differ
     # And so were the same decisions on the way: every rejection, the same candidates.
-    sa, sb = (json.loads((o / pipeline.STATE_FILE).read_text()) for o in (a, b))
+    sa, sb = (json.loads((o / STATE_FILE).read_text()) for o in (a, b))
     assert sa["ledger"] == sb["ledger"] and sa["next_index"] == sb["next_index"]
     assert sa["stats"]["rejected"] == sb["stats"]["rejected"]
     ra, rb = (json.loads((o / "report.json").read_text())["run"] for o in (a, b))

@@ -15,7 +15,7 @@ import pytest
 from pipeline_cli import (FAST, NOISE, generate_cmd, kill_marked, marked_pids, run_env, run_generate,
                           start_generate, wait_gone)
 
-from opsynth import pipeline
+from opsynth.generate.state import STATE_FILE
 from opsynth.shards import count_rows, read_rows
 from opsynth.shards.writer import LOCK_NAME
 
@@ -25,7 +25,7 @@ RUN = [f"n_tasks={N_TASKS}", "flush_every=1", "seed=3", *FAST]
 
 def _progress(out) -> tuple[dict, int]:
     try:
-        state = json.loads((out / pipeline.STATE_FILE).read_text())
+        state = json.loads((out / STATE_FILE).read_text())
         return state, count_rows(out)
     except (OSError, ValueError):  # not written yet
         return {}, 0

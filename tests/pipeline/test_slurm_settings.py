@@ -8,9 +8,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from pipeline_cli import REPO
 
-from opsynth import pipeline
-from opsynth.config import generate_config
-from opsynth.slurm import _lifetime_args, explain, walltime_seconds
+from opsynth.generate import candidate, driver
+from opsynth.generate import config as generate_settings
+from opsynth.generate.config import CPU_SCALE, generate_config
+from opsynth.cluster.slurm import _lifetime_args, explain, walltime_seconds
 
 EDITED = {"queue", "account", "cores", "memory", "walltime", "log_directory", "job_extra_directives"}
 
@@ -81,13 +82,13 @@ def test_workers_retire_before_the_walltime_unless_told_otherwise():
 def test_sampler_scale_null_is_decided_by_the_workers_device(monkeypatch):
     from opsynth.verify import pool
 
-    plain = pipeline._plain(_compose("verify=auto").sampler)
+    plain = generate_settings.plain(_compose("verify=auto").sampler)
     assert plain["scale"] is None
     monkeypatch.setattr(pool, "detect_device", lambda requested: "cpu")
-    assert pipeline._worker_sampler_config(plain, "auto").scale == pipeline.CPU_SCALE
+    assert candidate._worker_sampler_config(plain, "auto").scale == CPU_SCALE
     monkeypatch.setattr(pool, "detect_device", lambda requested: "cuda")
-    assert pipeline._worker_sampler_config(plain, "auto").scale == 1.0
-    assert pipeline._worker_sampler_config({**plain, "scale": 0.5}, "auto").scale == 0.5
+    assert candidate._worker_sampler_config(plain, "auto").scale == 1.0
+    assert candidate._worker_sampler_config({**plain, "scale": 0.5}, "auto").scale == 0.5
 
 
 def test_the_launching_machine_does_not_decide_the_scale(monkeypatch, tmp_path):
@@ -111,11 +112,11 @@ def test_the_launching_machine_does_not_decide_the_scale(monkeypatch, tmp_path):
         cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
         return ClusterHandle(Client(cluster), cluster, "local", 1, False)
 
-    monkeypatch.setattr(pipeline, "process_candidate", process)
-    monkeypatch.setattr(pipeline, "start_cluster", start_cluster)
+    monkeypatch.setattr(driver, "process_candidate", process)
+    monkeypatch.setattr(driver, "start_cluster", start_cluster)
     cfg = _compose("verify=auto", f"output_dir={tmp_path / 'ds'}", "n_tasks=1", "max_candidates=1",
                    "kb_check=false", "progress=false", "write_card=false")
-    pipeline.run(cfg)
+    driver.run(cfg)
     assert seen.read_text() == "None"
 
 
@@ -125,7 +126,7 @@ def test_a_run_left_without_workers_stops_with_the_supervisors_line(monkeypatch)
     import threading
     import time
 
-    from opsynth import slurm
+    from opsynth.cluster import slurm
 
     class Cluster:
         scaled = 0

@@ -158,7 +158,7 @@ def test_the_repositorys_own_candidates_pass():
     pattern = re.compile(r"extra_(?:cuda_)?cflags=(\[[^\]]*\])")
     seen = 0
     for path in [*CANDS.rglob("*.py"), *(REPO / "benchmarks").glob("*.py"), REPO / "opsynth/train/warm_start.py",
-                 REPO / "opsynth/train/bandit.py"]:
+                 REPO / "tests/train/bandit.py"]:
         for m in pattern.finditer(path.read_text()):
             flags = ast.literal_eval(m.group(1))
             assert _inline(extra_cflags=flags) is None and _inline(extra_cuda_cflags=flags) is None, (path, flags)

@@ -61,7 +61,7 @@ def test_ctrl_c_during_training_says_where_the_checkpoints_are_exit_130(tmp_path
     import signal
     import time
 
-    from opsynth.train.bandit import task_source, write_task_shards
+    from bandit import task_source, write_task_shards
 
     out = tmp_path / "run"
     shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=4)
@@ -106,7 +106,7 @@ def test_the_default_output_dir_is_not_where_hydra_writes_its_log_folders():
 
 
 def test_a_fresh_run_in_a_folder_holding_an_earlier_run_is_refused_in_one_line(tmp_path):
-    from opsynth.train.bandit import task_source, write_task_shards
+    from bandit import task_source, write_task_shards
 
     shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=4)
     out = tmp_path / "run"

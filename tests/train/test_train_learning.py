@@ -1,6 +1,6 @@
 """GRPO with the real reward environment in the loop moves the policy toward correct programs.
 
-The policy is `opsynth.train.bandit`'s one-token Qwen2: token `A`, `B` or `C` picks one of three
+The policy is `tests/train/bandit.py`'s one-token Qwen2: token `A`, `B` or `C` picks one of three
 known C++ `load_inline` candidates for one task (correct and fast, correct and slow, wrong); any
 other token is an answer without code. The reward environment compiles and runs each candidate for
 real on the CPU backend. What is asserted is what the environment said (the pass rate per step, read
@@ -37,7 +37,7 @@ def _pass_rate_by_step(out: str) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_grpo_moves_the_policy_to_correct_programs_and_a_zero_learning_rate_does_not(tmp_path):
-    from opsynth.train.bandit import correct_probability, one_token_policy, task_source, train_bandit, write_task_shards
+    from bandit import correct_probability, one_token_policy, task_source, train_bandit, write_task_shards
 
     shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=4)
 

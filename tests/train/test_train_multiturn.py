@@ -280,7 +280,7 @@ def test_episode_metrics_per_turn_and_improvement_rate():
 
 @pytest.mark.slow
 def test_training_raises_the_second_turn_reward_when_the_feedback_names_the_fix(tmp_path):
-    from opsynth.train.bandit import (ANSWERS, answer_probabilities, hidden_answer_policy, hidden_answer_tasks,
+    from bandit import (ANSWERS, answer_probabilities, hidden_answer_policy, hidden_answer_tasks,
                                       train_hidden_answer, write_task_shards)
 
     shards = write_task_shards(str(tmp_path / "shards"), hidden_answer_tasks())
@@ -309,7 +309,7 @@ def test_training_raises_the_second_turn_reward_when_the_feedback_names_the_fix(
     assert [r["step"] for r in rollouts] == list(range(1, 11)) and all(len(r["evaluation_s"]) == 2 for r in rollouts)
 
     # Scoring plays the same episodes (greedy) and puts single-turn and multi-turn side by side.
-    from opsynth.train.bandit import hidden_answer_candidates, hidden_answer_env, hidden_prompt_fn, hint_feedback
+    from bandit import hidden_answer_candidates, hidden_answer_env, hidden_prompt_fn, hint_feedback
     from opsynth.train.data import load_rows
     from opsynth.train.reward_fn import KernelReward
     from opsynth.train.score import format_table, score_episodes, summarize_episodes

@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.slow
 def test_real_verdicts_come_back_as_the_next_turn():
     from opsynth.reward.eval_types import RewardConfig
-    from opsynth.train.bandit import candidates, task_source
+    from bandit import candidates, task_source
     from opsynth.train.episodes import EpisodeConfig, TurnCodec, run_episodes
     from opsynth.train.feedback import format_feedback
     from opsynth.train.policy import train_smoke_tokenizer

@@ -73,7 +73,7 @@ def test_reward_env_crash_is_a_named_minus_one():
 @pytest.mark.slow
 def test_evaluate_mode_score_scores_a_folder_of_candidate_files(tmp_path):
     from opsynth.train.data import load_rows
-    from opsynth.train.bandit import candidates, task_source, write_task_shards
+    from bandit import candidates, task_source, write_task_shards
     from pipelines.evaluate import run
 
     shards = write_task_shards(str(tmp_path / "shards"), task_source(), n=3)
@@ -152,7 +152,7 @@ def _one_line_error(p, *needles):
 @pytest.fixture(scope="module")
 def eight_tasks(tmp_path_factory):
     """A folder of 8 tasks none of whose hashes falls in the held-out 10 % (the issue's folder)."""
-    from opsynth.train.bandit import task_source, write_task_shards
+    from bandit import task_source, write_task_shards
     from opsynth.train.data import heldout_fraction_of
 
     shards = write_task_shards(str(tmp_path_factory.mktemp("eight") / "shards"), task_source(), n=8)

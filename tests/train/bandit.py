@@ -1,4 +1,5 @@
-"""A learning check for the training loop: a one-token policy choosing among known candidates.
+"""Test fixture (not library code; benchmarks/train_h200.py imports it by path): a learning
+check for the training loop: a one-token policy choosing among known candidates.
 
 A language model writing kernels learns far too slowly to show, in a few steps, that GRPO and the
 reward environment are wired the right way round. This module shrinks the problem to a bandit that

@@ -5,7 +5,7 @@ local_cuda  one worker process per visible GPU, each advertising a `GPU` resourc
             verification lands on a GPU worker and each worker pins its own device
 slurm       `dask_jobqueue.SLURMCluster`, `jobs` jobs of one Dask worker each (`gpu: true`: one GPU per
             job, the worker advertising the `GPU` resource as on local_cuda); the lifecycle (checked
-            submission, start deadline, SIGTERM, job logs) is in opsynth/slurm.py
+            submission, start deadline, SIGTERM, job logs) is in opsynth/cluster/slurm.py
 scheduler   an existing cluster at `address`
 """
 
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from opsynth.slurm import ClusterError, ClusterLost  # noqa: F401  (re-exported: what a run may raise)
+from opsynth.cluster.slurm import ClusterError, ClusterLost  # noqa: F401  (re-exported: what a run may raise)
 
 KINDS = ("local", "local_cuda", "slurm", "scheduler")
 
@@ -42,7 +42,7 @@ class ClusterConfig:
         if self.n_workers < 0 or self.threads_per_worker < 0:
             raise ValueError("cluster.n_workers and cluster.threads_per_worker must be >= 0")
         if self.kind == "slurm":
-            from opsynth.slurm import check_settings
+            from opsynth.cluster.slurm import check_settings
 
             if self.jobs < 1:
                 raise ValueError(f"cluster.jobs must be >= 1, got {self.jobs}")
@@ -118,7 +118,7 @@ def start_cluster(cfg: ClusterConfig, run_dir: str | os.PathLike | None = None) 
                                resources={"GPU": threads}, silence_logs=logging.ERROR, scheduler_kwargs=quiet_http)
         return ClusterHandle(Client(cluster), cluster, cfg.kind, gpus * threads, True)
     if cfg.kind == "slurm":
-        from opsynth.slurm import start_slurm
+        from opsynth.cluster.slurm import start_slurm
 
         client, cluster, slots, cleanup = start_slurm(cfg, run_dir)
         return ClusterHandle(client, cluster, cfg.kind, slots, cfg.gpu, cleanup)

@@ -1,0 +1,14 @@
+"""The cluster room: Dask cluster profiles (`profiles`: local, local_cuda, scheduler, Slurm) and the
+Slurm lifecycle (`slurm`). Generate and the reward's cluster mode start their clusters here."""
+
+from opsynth.cluster.profiles import (
+    KINDS,
+    ClusterConfig,
+    ClusterError,
+    ClusterHandle,
+    ClusterLost,
+    start_cluster,
+    visible_gpus,
+)
+
+__all__ = ["KINDS", "ClusterConfig", "ClusterError", "ClusterHandle", "ClusterLost", "start_cluster", "visible_gpus"]

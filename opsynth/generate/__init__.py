@@ -1,0 +1,1 @@
+"""The generate stage: settings, the stage chain, state file and ledger, the Dask driver."""

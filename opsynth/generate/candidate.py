@@ -1,0 +1,378 @@
+"""One candidate, start to finish, on a Dask worker: the stage chain.
+
+Each stage is one function over a `Candidate` record: `sample` (the op graph from the candidate's
+seed), `size` (its batch size from the cost model, never a clock), `render` (the task source),
+`check_kernelbench` (decontamination: milliseconds, so before the seconds of verification),
+`verify` (eager, compile, determinism, the runtime band) and `make_row` (the shard row, a
+`TaskRow` whose fields are exactly `opsynth.shards.schema.COLUMNS`). A stage returns False when it
+rejected the candidate (the record then carries a named reason); `process_candidate` only runs
+them in order. The heavy objects (catalog, verify pool, KernelBench index) are built once per
+worker process (`_context`) and reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+from opsynth.generate.config import CPU_SCALE
+from opsynth.graph import SamplerConfig
+from opsynth.shards.schema import COLUMNS
+from opsynth.verify import VerifyConfig
+
+
+@dataclass
+class TaskRow:
+    """One shard row, as `opsynth.shards.schema.SCHEMA` lays it out (checked below at import)."""
+
+    code: str
+    ops: list[str]
+    data_source: str
+    task_id: str
+    num_ops: int
+    graph: str
+    input_shapes: str
+    eager_ms: float
+    compile_ms: float
+    device: str
+    torch_version: str
+    kb_max_similarity: float | None
+    kb_nearest: str | None
+    seed: int
+    mode: str
+    trace_signature: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+if tuple(f.name for f in fields(TaskRow)) != COLUMNS:  # the schema grew or moved a column: follow it here
+    raise ImportError(f"opsynth.generate.candidate.TaskRow {[f.name for f in fields(TaskRow)]} "
+                      f"is not the shard schema's columns {list(COLUMNS)}")
+
+
+@dataclass
+class Candidate:
+    """What the stages know about one candidate. `to_record()` is what travels back to the driver
+    (a plain dict: Dask pickles it, the state file's examples quote it)."""
+
+    index: int
+    seed: int
+    accepted: bool = False
+    reason: str | None = None
+    evidence: Any = None
+    signature: str | None = None  # of the sampled graph, sizes excluded (within-run dedup)
+    stage_s: dict[str, float] = field(default_factory=dict)  # seconds per stage (verify/stages.py names the verifier's)
+    row: TaskRow | None = None
+    # Filled as the chain goes on; not sent back.
+    sampled: Any = None  # opsynth.graph.SampledTask
+    size: Any = None  # opsynth.verify.sizing.SizeChoice
+    graph: Any = None  # the sized OpGraph
+    source: str | None = None
+    kb_row: dict[str, Any] = field(default_factory=lambda: {"kb_max_similarity": None, "kb_nearest": None})
+    verified: Any = None  # opsynth.verify.VerifyResult
+    gpu: int | None = None
+
+    def reject(self, reason: str, evidence: Any) -> bool:
+        self.reason, self.evidence = reason, evidence
+        return False
+
+    def to_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {"index": self.index, "seed": self.seed, "accepted": self.accepted, "reason": self.reason,
+                               "row": self.row.to_dict() if self.row is not None else None,
+                               "signature": self.signature, "evidence": self.evidence, "stage_s": self.stage_s}
+        if self.size is not None and not self.size.reason:
+            rec["predicted_ms"] = self.size.predicted_ms
+        if self.verified is not None:
+            rec["gpu_sections"], rec["gpu"] = self.verified.gpu_sections, self.gpu
+        if self.accepted:
+            rec["calib_steps"] = self.verified.calib_steps
+        return rec
+
+
+@contextlib.contextmanager
+def _timed(cand: Candidate, stage: str):
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        cand.stage_s[stage] = cand.stage_s.get(stage, 0.0) + time.perf_counter() - t
+
+
+def sample(ctx: dict, cand: Candidate) -> bool:
+    """The op graph of the candidate's seed (`sampling_failed` when the sampler gives none)."""
+    from opsynth.graph import SamplingError
+
+    with _timed(cand, "sampling"):
+        try:
+            cand.sampled = ctx["sampler"].sample(cand.seed)
+        except SamplingError as e:
+            return cand.reject("sampling_failed", str(e))
+        cand.signature = cand.sampled.graph.signature()  # sizes are not part of it
+    return True
+
+
+def size(ctx: dict, cand: Candidate) -> bool:
+    """Its batch size from the seed and the cost model (`too_fast`, `too_slow`, `mem_cap`, ...)."""
+    from opsynth.graph.cost import with_batch
+    from opsynth.verify.sizing import choose_batch
+
+    with _timed(cand, "sizing"):
+        cand.size = choose_batch(cand.sampled.graph, ctx["catalog"], cand.seed, ctx["verify_cfg"], ctx["pool"].device)
+        if cand.size.reason:
+            return cand.reject(cand.size.reason, cand.size.evidence())
+        cand.graph = with_batch(cand.sampled.graph, cand.size.batch)
+    return True
+
+
+def render(ctx: dict, cand: Candidate) -> bool:
+    """The task source of the sized graph (counted with sizing, as the report always has)."""
+    from opsynth.render import render_task
+
+    with _timed(cand, "sizing"):
+        cand.source = render_task(cand.graph, ctx["catalog"])
+    return True
+
+
+def check_kernelbench(ctx: dict, cand: Candidate) -> bool:
+    """Decontamination against KernelBench (skipped with kb_check=false)."""
+    if ctx["kb"] is None:
+        return True
+    with _timed(cand, "kb_check"):
+        m = ctx["kb"].check(cand.source)
+        cand.kb_row = m.as_row()
+    if m.rejected:
+        return cand.reject(m.reason, {"nearest": m.nearest, "similarity": m.max_similarity,
+                                      "op_sequence_match": m.op_sequence_match})
+    return True
+
+
+def verify(ctx: dict, cand: Candidate) -> bool:
+    """The verifier's checks and timing in its sandboxed pool (the verifier names its stages)."""
+    res = ctx["pool"].verify(cand.source)
+    cand.stage_s.update(res.stage_s)
+    cand.verified, cand.gpu = res, ctx.get("gpu")
+    if not res.accepted:
+        return cand.reject(res.reason, _short(res.evidence))
+    return True
+
+
+def make_row(ctx: dict, cand: Candidate) -> bool:
+    """The accepted task's shard row, from the source as verified."""
+    from opsynth.render import task_id
+
+    res, st = cand.verified, cand.sampled
+    cand.row = TaskRow(
+        code=res.source,
+        ops=st.graph.ops(),
+        data_source=st.data_source,
+        task_id=task_id(res.source),
+        num_ops=st.num_ops,
+        graph=cand.graph.to_json(),
+        input_shapes=json.dumps(_input_shapes(res.source)),
+        eager_ms=float(res.eager_ms),
+        compile_ms=float(res.compile_ms) if res.compile_ms is not None else float("nan"),
+        device=res.device or "",
+        torch_version=res.torch_version or "",
+        kb_max_similarity=cand.kb_row["kb_max_similarity"],
+        kb_nearest=cand.kb_row["kb_nearest"],
+        seed=int(cand.seed),
+        mode=res.mode,
+        trace_signature=res.signature,
+    )
+    cand.accepted = True
+    return True
+
+
+STAGES: tuple[Callable[[dict, Candidate], bool], ...] = (sample, size, render, check_kernelbench, verify, make_row)
+
+
+def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict,
+                      kb_check: bool = True) -> dict:
+    """Sample, render, check against KernelBench and verify one candidate. Never raises for a bad
+    candidate: every outcome is a record with `accepted` and, when rejected, a named `reason`."""
+    cand = Candidate(index=index, seed=seed)
+    with _timed(cand, "worker_start"):  # the first candidate of a process starts its verify pool
+        ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
+    for stage in STAGES:
+        if not stage(ctx, cand):
+            break
+    return cand.to_record()
+
+
+def measure_peaks(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool = True) -> dict:
+    """The verifying device's peak rates, measured by one of this worker's verify sandboxes (once
+    per run; recorded, never used for sizes), with the cost model's reference rates for it."""
+    ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
+    pool = ctx["pool"]
+    return {"kind": pool.device, "measured": pool.measure_peaks(),
+            "reference": ctx["verify_cfg"].rates(pool.device).to_dict()}
+
+
+def _short(evidence) -> Any:
+    s = json.dumps(evidence, default=str)
+    return evidence if len(s) < 2000 else s[:2000]
+
+
+def _input_shapes(source: str) -> list[dict]:
+    """Shapes and dtypes of get_inputs() for the calibrated source, read without running it
+    (inputs are `torch.randn(<constants>)` / `torch.randint(lo, hi, (<constants>,))` calls)."""
+    import ast
+
+    from opsynth.render import parse_task
+
+    facts = parse_task(source)
+    fn = next(n for n in facts.tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_inputs")
+    ret = next(n for n in ast.walk(fn) if isinstance(n, ast.Return))
+    out = []
+    for call in getattr(ret.value, "elts", []):
+        if not isinstance(call, ast.Call):
+            continue
+        fname = ast.unparse(call.func)
+        args = call.args
+        if fname == "torch.randint" and len(args) >= 3:
+            dims, dtype = getattr(args[2], "elts", [args[2]]), "int64"
+        else:
+            dims, dtype = args, "float32"
+        shape = []
+        for d in dims:
+            v = facts.sizes.get(d.id) if isinstance(d, ast.Name) else getattr(d, "value", None)
+            shape.append(v)
+        out.append({"shape": shape, "dtype": dtype})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-process context: built once per worker process, rebuilt only when its settings change.
+# ---------------------------------------------------------------------------------------------
+
+_CTX: dict[str, Any] = {}
+_CTX_LOCK = threading.Lock()
+_AST_LOCK = threading.RLock()
+
+
+def serialize_ast_parse() -> None:
+    """Make `ast.parse` one-at-a-time in this process (idempotent).
+
+    Candidates run in a Dask worker's threads, and each parses Python source (render, task_id, the
+    KernelBench check, the verifier's calibration). On CPython before 3.13, concurrent `ast.parse`
+    calls can fail with "SystemError: AST constructor recursion depth mismatch" when a garbage
+    collection switches threads mid-conversion (python/cpython#106905): a good candidate would
+    become a timing-dependent rejection, and a resumed run would no longer match an uninterrupted
+    one. Parsing a task takes milliseconds against seconds of verification, so the lock costs
+    nothing measurable."""
+    import ast
+
+    if sys.version_info >= (3, 13) or getattr(ast.parse, "_opsynth_serialized", False):
+        return
+    original = ast.parse
+
+    @functools.wraps(original)
+    def parse(*args, **kwargs):
+        with _AST_LOCK:
+            return original(*args, **kwargs)
+
+    parse._opsynth_serialized = True  # type: ignore[attr-defined]
+    ast.parse = parse
+
+
+def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool) -> dict:
+    """The per-process sampler, verify pool and KernelBench index for these settings. Each part is
+    rebuilt only when its own settings change (a new verify pool costs a torch import per worker;
+    a new sampler or index costs milliseconds to seconds)."""
+    def key(*parts) -> str:
+        return json.dumps(parts, sort_keys=True, default=str)
+
+    serialize_ast_parse()
+    with _CTX_LOCK:
+        if "catalog" not in _CTX:
+            from opsynth.catalog import load_catalog, quiet_standalone_modules
+
+            quiet_standalone_modules()  # the cost model's replays build attention modules standalone
+            _CTX["catalog"] = load_catalog()
+        if _CTX.get("sampler_key") != key(sampler_cfg, verify_cfg["device"]):
+            from opsynth.graph import Sampler
+
+            _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"]),
+                        sampler_key=key(sampler_cfg, verify_cfg["device"]))
+        if _CTX.get("kb_key") != key(dedup_cfg, kb_check):
+            from opsynth.dedup import KernelBenchIndex
+
+            _CTX.update(kb=KernelBenchIndex.from_config(dedup_cfg) if kb_check else None, kb_key=key(dedup_cfg, kb_check))
+        if _CTX.get("pool_key") != key(verify_cfg):
+            from opsynth.verify import WorkerPool
+
+            if _CTX.get("pool") is not None:
+                _CTX["pool"].close()
+                _CTX["pool"] = None
+            vcfg = VerifyConfig(**verify_cfg)
+            gpu = _worker_gpu()
+            if gpu is not None and vcfg.cuda_devices is None:
+                vcfg.cuda_devices = [gpu]
+            if not vcfg.n_workers:
+                vcfg.n_workers = _worker_threads()
+            # Every source here is a graph the sampler generated: `verify.sandbox=auto` runs it unconfined.
+            _CTX.update(pool=WorkerPool(vcfg, sampled=True).start(), pool_key=key(verify_cfg), gpu=gpu, verify_cfg=vcfg)
+            if not _CTX.get("atexit"):
+                import atexit
+
+                atexit.register(_close_context)
+                _CTX["atexit"] = True
+        return _CTX
+
+
+def _worker_sampler_config(sampler_cfg: dict, verify_device: str) -> SamplerConfig:
+    """`sampler.scale=null` is decided here, on the worker, by the device it verifies on: a GPU run
+    launched from a machine without one (a Slurm login node) still draws GPU sizes."""
+    scfg = SamplerConfig(**sampler_cfg)
+    if scfg.scale is None:
+        from opsynth.verify.pool import detect_device
+
+        scfg.scale = 1.0 if detect_device(verify_device) == "cuda" else CPU_SCALE
+    return scfg
+
+
+def _close_context() -> None:
+    """Stop this process's verify pool (at exit, or from a test)."""
+    with _CTX_LOCK:
+        pool = _CTX.pop("pool", None)
+        _CTX.pop("pool_key", None)
+    if pool is not None:
+        pool.close()
+
+
+def _worker_gpu() -> int | None:
+    """On a local_cuda cluster each worker pins the GPU matching its name (0, 1, ...)."""
+    try:
+        from distributed import get_worker
+
+        w = get_worker()
+    except Exception:
+        return None
+    if "GPU" not in (w.state.total_resources if hasattr(w, "state") else getattr(w, "total_resources", {})):
+        return None
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+        return int(w.name) % n if n else None
+    except Exception:
+        return None
+
+
+def _worker_threads() -> int:
+    try:
+        from distributed import get_worker
+
+        return max(1, int(get_worker().state.nthreads))
+    except Exception:
+        return max(1, os.cpu_count() or 1)
+
+

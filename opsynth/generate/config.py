@@ -1,0 +1,161 @@
+"""Settings of the generate stage (`conf/generate.yaml`): `GenerateConfig`, how candidates are
+numbered and seeded, and what a run records of its settings.
+
+`GenerateConfig` checks its own values in `__post_init__`; its groups (sampler, verify, dedup,
+cluster) are dataclasses of their rooms, each built by the shared builder (`opsynth.config.build`)
+and checked by `validate()` together with the output folder, just before a run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsynth.cluster import ClusterConfig
+from opsynth.config import build, to_plain
+from opsynth.dedup import DedupConfig
+from opsynth.graph import SamplerConfig
+from opsynth.verify import VerifyConfig
+
+SEED_STRIDE = 1_000_000_007
+CPU_SCALE = 0.1  # sampler size scale when verifying on CPU and sampler.scale is null
+
+
+@dataclass
+class GenerateConfig:
+    n_tasks: int = 20
+    output_dir: str = "data/opsynth-ops"
+    seed: int = 0
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    kb_check: bool = True  # decontaminate against KernelBench
+    rows_per_shard: int = 10_000
+    row_group_size: int = 1_000
+    flush_every: int = 50  # commit shards and state at least every this many accepted rows
+    max_in_flight: int = 0  # 0: 4 x the cluster's slots
+    # Stop after this many candidates in all (resumed runs included, so a resumed run stops where an
+    # uninterrupted one would) even if n_tasks is not reached (0: 200 x n_tasks).
+    max_candidates: int = 0
+    repo_id: str | None = None  # named in the dataset card's loading example
+    progress: bool = True
+    write_card: bool = True
+    # A folder whose shards lost rows the state file lists (a shard deleted, truncated, unreadable)
+    # is refused; repair=true regenerates exactly the missing seeds and sets damaged files aside.
+    repair: bool = False
+
+    def __post_init__(self) -> None:
+        self.check_values()
+
+    def check_values(self) -> None:
+        """This config's own values (the groups check theirs in `validate`)."""
+        if self.n_tasks < 1:
+            raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
+        if not self.output_dir:
+            raise ValueError("output_dir must be a folder path")
+        if self.flush_every < 1:
+            raise ValueError("flush_every must be >= 1")
+
+    def validate(self) -> None:
+        """Everything a run checks before it starts: these values (again: a caller may have changed
+        them since), the groups' settings, and an output folder the run can write."""
+        self.check_values()
+        blocked = next((p for p in [Path(self.output_dir), *Path(self.output_dir).parents]
+                        if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise ValueError(f"output_dir={self.output_dir}: {blocked} is a file, not a folder; give a new folder "
+                             "or the folder of an earlier run (to resume it)")
+        self.sampler.validate()
+        self.cluster.validate()
+        self.verify.check_compile_backend()
+        _check_output_dir(Path(self.output_dir), self.write_card)
+
+    def check_machine(self) -> None:
+        """What this machine must have for these settings (validate() checks the settings alone):
+        verify=cuda on a local cluster needs a GPU, or the local workers start and fail candidate
+        after candidate. (On Slurm or a scheduler the workers have their own devices.)"""
+        if self.verify.device == "cuda" and self.cluster.kind in ("local", "local_cuda"):
+            from opsynth.cluster import visible_gpus
+
+            if visible_gpus() == 0:
+                raise ValueError("verify=cuda, but this machine has no GPU that torch can see "
+                                 "(torch.cuda.device_count() is 0); use verify=auto or verify=cpu here, or a "
+                                 "cluster whose workers have GPUs (cluster=slurm_gpu, cluster=scheduler)")
+
+
+def generate_config(cfg: Mapping) -> GenerateConfig:
+    """A `GenerateConfig` from the composed `conf/generate.yaml`: each group through the shared
+    builder, then the top level (unknown keys and mistyped values named by their setting)."""
+    plain = dict(to_plain(cfg))
+    groups = {"sampler": SamplerConfig, "verify": VerifyConfig, "cluster": ClusterConfig}
+    kw: dict[str, Any] = {k: build(c, plain.pop(k, None), k) for k, c in groups.items()}
+    kw["dedup"] = DedupConfig.from_any(plain.pop("dedup", None))  # the builder, after its list coercion
+    plain.pop("hydra", None)
+    return build(GenerateConfig, {**plain, **kw}, "generate")
+
+
+def _check_output_dir(out: Path, write_card: bool) -> None:
+    """A folder the run can write, and nothing of the user's that the run would overwrite."""
+    existing = next(p for p in [out, *out.parents] if p.exists())
+    try:  # a probe, not a guess from permission bits: root passes os.access on /proc
+        probe = tempfile.mkdtemp(prefix=".opsynth-probe-", dir=existing)
+        os.rmdir(probe)
+    except OSError as e:
+        raise ValueError(f"output_dir={out}: cannot write in {existing} ({e.strerror or type(e).__name__}); "
+                         "give a folder you can write to") from None
+    card = out / "README.md"
+    if write_card and card.is_file():
+        from opsynth.shards.card import is_dataset_card
+
+        if not is_dataset_card(card):
+            raise ValueError(f"output_dir={out} holds a README.md that is not an opsynth dataset card, and the run "
+                             "would replace it with one; move it away or give another output_dir")
+
+
+def candidate_seed(seed: int, index: int) -> int:
+    return seed * SEED_STRIDE + index
+
+
+def plain(cfg) -> dict:
+    """A group's settings as the plain dict a Dask task carries to its worker."""
+    return {k: v for k, v in asdict(cfg).items()}
+
+
+def verify_device(cfg: GenerateConfig) -> str:
+    """"cuda" or "cpu": where the verifier runs with these settings (`verify.device=auto` picks the
+    GPU when the driver sees one). It decides `sampler.scale=null` and which runtime band applies."""
+    if cfg.verify.device in ("cpu", "cuda"):
+        return cfg.verify.device
+    from opsynth.cluster import visible_gpus
+
+    return "cuda" if visible_gpus() > 0 else "cpu"
+
+
+def describe_run(stats, cfg: GenerateConfig) -> None:
+    """Record the settings of this run in its stats (the card and report print them). The runtime
+    band and memory cap are those in force on the device that verifies (the CPU band on a CPU run)."""
+    from opsynth.shards.stats import default_versions
+
+    stats.n_tasks = cfg.n_tasks
+    stats.seed = cfg.seed
+    stats.cluster = cfg.cluster.kind
+    stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
+                            for k, v in cfg.sampler.mixture.items()}
+    device = verify_device(cfg)
+    limits = cfg.verify.limits(device)
+    stats.thresholds = {
+        "verify_device": device, "eager_ms_min": limits.min_ms, "eager_ms_max": limits.max_ms,
+        "kb_similarity_max": cfg.dedup.kb_threshold if cfg.kb_check else None,
+        "kb_op_sequence": cfg.dedup.op_sequence_action if cfg.kb_check else None,
+        "near_dup_threshold": cfg.dedup.neardup_threshold, "mem_cap_gb": limits.mem_cap_gb,
+        "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
+        "edge_margin": cfg.verify.edge_margin, "edge_margin_low": cfg.verify.edge_margin_low,
+    }
+    stats.versions = {**default_versions(), **stats.versions}
+    stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": plain(cfg.sampler),
+                    "verify": plain(cfg.verify), "dedup": plain(cfg.dedup), "cluster": cfg.cluster.kind}

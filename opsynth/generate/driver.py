@@ -1,0 +1,469 @@
+"""The generate driver: candidates -> Dask workers -> results committed in candidate order.
+
+Candidates are numbered; candidate i is sampled from seed `seed * 1_000_000_007 + i`
+(`opsynth.generate.config.candidate_seed`). Workers (`opsynth.generate.candidate`) may finish in
+any order, but the driver *commits* results strictly in candidate order, so which tasks are
+accepted (and in what row order) depends only on the seed and the config, never on timing of the
+scheduler. That is what makes a killed run resumable to exactly the rows of an uninterrupted one:
+the state file (`opsynth.generate.state`) records the next candidate to commit whenever the shards
+are flushed, and a rerun starts there, with the within-run dedup state rebuilt from the rows
+already written.
+
+Sizes come before verification and never from a clock: `opsynth.verify.sizing` picks each
+candidate's `batch_size` from its seed and a cost model (FLOPs and bytes counted on meta tensors,
+at fixed reference rates); the verifier's timing only accepts or rejects. So the same seed and
+settings give the same task code on every run, however loaded the machine.
+
+The state file also carries the *row ledger* (seed and task_id of every committed row) and the
+shard files written; a rerun checks the folder against them first (`opsynth.shards.integrity`), so
+a deleted or damaged shard is reported by name and refused, or, with `repair=true`, exactly its
+missing seeds are regenerated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from opsynth.cluster import start_cluster
+from opsynth.generate import state as statefile
+from opsynth.generate.candidate import measure_peaks, process_candidate
+from opsynth.generate.config import SEED_STRIDE, GenerateConfig, candidate_seed, describe_run, plain
+from opsynth.generate.state import DatasetFolderError, read_ledger, rows_with_ids
+
+log = logging.getLogger("opsynth.generate")
+
+# Accepted rows whose eager time is within this factor of an edge of the acceptance window are
+# counted (report: run.cost_model.near_edge_rows): those a 25 % timing error could have rejected.
+NEAR_EDGE = 1.25
+
+
+class _Committer:
+    """Applies worker results in candidate order: within-run dedup, shard writes, counts."""
+
+    def __init__(self, cfg: GenerateConfig, writer, stats, state: dict):
+        from opsynth.dedup import NearDupIndex, SemanticDupIndex
+        from opsynth.graph import OpGraph
+        from opsynth.shards import iter_rows
+
+        self.cfg, self.writer, self.stats = cfg, writer, stats
+        # Exact duplicates by graph signature, near-duplicates by MinHash-LSH and semantic duplicates
+        # by the traced call graph, rebuilt from the rows already written so that a resumed run
+        # decides exactly as an uninterrupted one.
+        self.neardup = NearDupIndex.from_config(cfg.dedup)
+        self.semantic = SemanticDupIndex()
+        on_disk = []
+        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed", "trace_signature"]):
+            self.neardup.add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
+            self.semantic.add(row["task_id"], row["trace_signature"])
+            on_disk.append((int(row["seed"]), row["task_id"]))
+        self.next_index = int(state.get("next_index", 0))
+        self.examples: list[dict] = list(state.get("examples", []))
+        self.calib_steps: list[int] = []
+        # The row ledger: (seed, task_id) of every row, in row order. The state's, or for rows found
+        # without a state file, theirs; rows on disk past the state's ledger (written just before a
+        # crash) join it when their candidate is committed again.
+        ledger = read_ledger(state)
+        self.ledger: list[tuple[int, str]] = ledger if ledger is not None else on_disk
+        self.ratios: list[float] = [float(r) for r in state.get("eager_over_predicted", [])]
+        self.near_edge = int(state.get("near_edge_rows", 0))
+        known = {tid for _, tid in self.ledger}
+        self.ahead = {tid for _, tid in on_disk if tid not in known}
+        # The last candidate that wrote one of those rows: the run commits at least up to it.
+        self.ahead_until = max((seed - cfg.seed * SEED_STRIDE for seed, tid in on_disk if tid in self.ahead),
+                               default=-1)
+
+    @property
+    def rows(self) -> int:
+        """Rows committed (the ledger's length); rows on disk ahead of the state are not among them."""
+        return len(self.ledger)
+
+    def wants_more(self, n_tasks: int) -> bool:
+        return self.rows < n_tasks or self.next_index <= self.ahead_until
+
+    def adopt_leftovers(self) -> None:
+        """Rows on disk ahead of the state whose candidates did not give them again: keep them, as
+        rows no counted candidate made (rare: settings changed between the runs)."""
+        if not self.ahead:
+            return
+        log.warning("%d row(s) on disk were not reproduced by their candidates; kept as found", len(self.ahead))
+        for row in rows_with_ids(self.cfg.output_dir, self.ahead):
+            self.ledger.append((int(row["seed"]), row["task_id"]))
+        self.stats.adopted_rows += len(self.ahead)
+        self.ahead = set()
+
+    def commit(self, rec: dict) -> None:
+        row = rec.get("row")
+        if rec["accepted"] and row["task_id"] in self.ahead:
+            # Written before a crash that came ahead of the state save (a full shard is written
+            # as soon as it fills): count it as the uninterrupted run did, but do not write it again.
+            self._count_accepted(rec, row)
+            return
+        reason = rec.get("reason")
+        if rec["accepted"]:
+            from opsynth.dedup.semantic import REASON as SEMANTIC
+
+            exact_before = self.neardup.counts["exact_duplicate"]
+            same_calls = self.semantic.find(row["trace_signature"])  # a dict lookup: first
+            dup = same_calls or self.neardup.add(row["task_id"], row["code"], signature=rec["signature"])
+            if same_calls is not None:
+                reason, rec["evidence"] = SEMANTIC, {"duplicate_of": same_calls}
+            elif dup is not None:
+                exact = self.neardup.counts["exact_duplicate"] > exact_before
+                reason = "duplicate_signature" if exact else "near_duplicate"
+                rec["evidence"] = {"duplicate_of": dup}
+            else:
+                self.semantic.add(row["task_id"], row["trace_signature"])
+        if reason:
+            self.stats.reject(reason)
+            if sum(1 for e in self.examples if e["reason"] == reason) < 3:
+                self.examples.append({"reason": reason, "index": rec["index"], "seed": rec["seed"],
+                                      "evidence": rec.get("evidence")})
+            return
+        self.writer.write(row)
+        self._count_accepted(rec, row)
+
+    def summarise_cost_model(self) -> None:
+        """Measured eager time over the cost model's prediction, over the accepted rows."""
+        import statistics
+
+        r = sorted(self.ratios)
+        if not r:
+            return
+        self.stats.cost_model = {"rows": len(r), "eager_over_predicted_median": statistics.median(r),
+                                 "p10": r[int(0.1 * (len(r) - 1))], "p90": r[int(0.9 * (len(r) - 1))],
+                                 "near_edge_rows": self.near_edge}
+
+    def _count_accepted(self, rec: dict, row: dict) -> None:
+        self.ledger.append((int(row["seed"]), row["task_id"]))
+        self.ahead.discard(row["task_id"])
+        if rec.get("predicted_ms"):
+            self.ratios.append(round(row["eager_ms"] / rec["predicted_ms"], 4))
+        lo, hi = self.cfg.verify.accept_window("cpu" if row["device"] == "cpu" else "cuda")
+        if lo <= row["eager_ms"] <= lo * NEAR_EDGE or hi / NEAR_EDGE <= row["eager_ms"] <= hi:
+            self.near_edge += 1  # a timing 25 % off could have rejected it
+        self.stats.accept()
+        for op in row["ops"]:
+            self.stats.categories.setdefault(op, "")
+        if rec.get("calib_steps") is not None:
+            self.calib_steps.append(rec["calib_steps"])
+        if not self.stats.versions.get("torch") and row["torch_version"]:
+            self.stats.versions["torch"] = row["torch_version"]
+        self.stats.device = row["device"] or self.stats.device
+
+
+def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
+    """The counts the state, summary and card print must be the rows in the files."""
+    from opsynth.shards import count_rows
+
+    on_disk = count_rows(out)
+    counted = stats.accepted + stats.adopted_rows
+    # Rows on disk ahead of the state stay uncounted only when a run was stopped before it got to
+    # their candidates again (`stop`); a resume counts them.
+    if not (on_disk == total_rows == len(committer.ledger) + len(committer.ahead) and counted == len(committer.ledger)):
+        raise DatasetFolderError(f"{out}: the files hold {on_disk} rows but the run counted {counted} "
+                                 f"({stats.accepted} accepted + {stats.adopted_rows} found without a state) and its "
+                                 f"ledger lists {len(committer.ledger)}; this is a bug, please report it")
+
+
+def _record_peaks(future, stats) -> None:
+    """Record the device's measured rates next to the reference rates sizes were chosen with, and
+    say so when the two are far apart (sizes then aim at another device's speed)."""
+    try:
+        got = future.result()
+    except Exception as e:  # noqa: BLE001 - cancelled, or the measurement failed: nothing to record
+        log.info("the device's peak rates were not measured: %s", e)
+        return
+    stats.measured_peaks = got["measured"]
+    stats.reference_rates = {"device_kind": got["kind"], **got["reference"]}
+    m, r = got["measured"], got["reference"]
+    far = {k: m[k] / r[k] for k in ("tflops", "gbps") if r.get(k) and m.get(k) and not 1 / 3 <= m[k] / r[k] <= 3}
+    if far:
+        prefix = "" if got["kind"] == "cuda" else "cpu_"
+        fix = " ".join(f"verify.{prefix}cost_{k}={m[k]:.3g}" for k in ("tflops", "gbps"))
+        log.warning("%s measured %s, the cost model's reference rates are %s: sizes aim at another device's speed; "
+                    "to aim at this one pass %s (sizes, hence rows, then differ from runs with the reference)",
+                    m.get("device"), {k: round(m[k], 3) for k in ("tflops", "gbps")},
+                    {k: r[k] for k in ("tflops", "gbps")}, fix)
+
+
+def _check_folder(cfg: GenerateConfig, out: Path, state: dict) -> dict:
+    """Refuse, or with `repair=true` repair, a folder whose shards lost rows (returns the state)."""
+    from opsynth.shards.integrity import check_folder
+
+    check = check_folder(out, ledger=read_ledger(state), shards=state.get("shards"))
+    line = None if check.ok else check.summary(out)
+    if check.ok and read_ledger(state) is None and "stats" in state:  # a state from before the ledger
+        counted = int(state["stats"].get("accepted", 0)) + int(state["stats"].get("adopted_rows", 0))
+        if counted != len(check.rows):
+            line = (f"{out}: the state file counts {counted} rows but the shards hold {len(check.rows)} "
+                    "(and it has no row ledger to tell which are gone)")
+    if line is None:
+        return state
+    if not cfg.repair:
+        raise DatasetFolderError(f"{line}. Rerun with repair=true to regenerate exactly the missing seeds "
+                                 "(damaged files are moved to .opsynth-damaged/), or use another output_dir")
+    log.warning("%s; repairing (repair=true)", line)
+    return _repair(cfg, out, state, check)
+
+
+def _repair(cfg: GenerateConfig, out: Path, state: dict, check) -> dict:
+    """Set damaged shards aside, regenerate exactly the ledger's missing seeds, and rewrite the
+    shards in ledger order. A seed that no longer gives its row (other settings, or a task whose
+    acceptance is at the edge of the band) is reported and counted as `unreproduced`; the run then
+    generates on to n_tasks as usual."""
+    from opsynth.shards import RunStats
+    from opsynth.shards.integrity import read_rows_of, rewrite_shards, set_aside
+
+    for issue in check.issues:
+        if issue.problem != "missing":
+            log.warning("moved %s aside to %s", issue.name, set_aside(out, issue.name))
+    present = [row for path in check.readable for row in read_rows_of(path)]
+    ledger = read_ledger(state)
+    stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
+    if ledger is None:  # no way to tell which seeds were lost: keep what reads, as rows of no run
+        log.warning("%s: the state file has no row ledger; keeping the %d readable rows", out, len(present))
+        rewrite_shards(out, present, cfg.rows_per_shard, cfg.row_group_size)
+        return {}
+    restored = _regenerate(cfg, out, check.missing)
+    lost = [(seed, tid) for seed, tid in check.missing if tid not in restored]
+    by_id = {r["task_id"]: r for r in present}
+    by_id.update(restored)
+    in_ledger = {tid for _, tid in ledger}
+    rows = [by_id[tid] for _, tid in ledger if tid in by_id]
+    rows += [r for r in present if r["task_id"] not in in_ledger]  # written just before a crash
+    rewrite_shards(out, rows, cfg.rows_per_shard, cfg.row_group_size)
+    if lost:
+        log.warning("%s: %d seed(s) did not give their row again and are dropped: %s", out, len(lost),
+                    ", ".join(str(seed) for seed, _ in lost[:20]))
+        stats.accepted -= len(lost)
+        stats.reject("unreproduced", len(lost))
+    stats.repaired_rows += len(restored)
+    stats.unreproduced_rows += len(lost)
+    state = {**state, "stats": stats.to_dict(),
+             "ledger": [f"{seed}:{tid}" for seed, tid in ledger if tid in by_id], "shards": []}
+    statefile.save_state(out, state)
+    log.info("%s: repaired: %d row(s) regenerated, %d dropped, %d rows in the folder", out, len(restored),
+             len(lost), len(rows))
+    return state
+
+
+def _regenerate(cfg: GenerateConfig, out: Path, missing: list[tuple[int, str]]) -> dict[str, dict]:
+    """Run the missing seeds' candidates again (on a cluster of their own); task_id -> row for each
+    one that gives back the row with the same task_id."""
+    if not missing:
+        return {}
+    with _sigint_ignored_in_children():
+        handle = start_cluster(cfg.cluster, run_dir=out)
+    try:
+        sampler_cfg, verify_cfg, dedup_cfg = plain(cfg.sampler), plain(cfg.verify), plain(cfg.dedup)
+        submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
+        futures = {}
+        for seed, tid in missing:
+            index = seed - cfg.seed * SEED_STRIDE
+            if index < 0:
+                log.warning("seed %d is not a candidate of seed=%d; it cannot be regenerated", seed, cfg.seed)
+                continue
+            futures[tid] = handle.client.submit(process_candidate, index, seed, sampler_cfg, verify_cfg, dedup_cfg,
+                                                cfg.kb_check, key=f"repair-{cfg.seed}-{index}", pure=False, **submit_kw)
+        out = {}
+        for tid, f in futures.items():
+            try:
+                rec = f.result()
+            except Exception as e:  # noqa: BLE001 - a lost worker: that seed stays missing
+                log.warning("regenerating task %s failed: %s", tid, e)
+                continue
+            if rec["accepted"] and rec["row"]["task_id"] == tid:
+                out[tid] = rec["row"]
+            else:
+                log.warning("seed %d gave %s this time", rec["seed"],
+                            f"another task ({rec['row']['task_id']})" if rec["accepted"] else f"a rejection ({rec['reason']})")
+        return out
+    finally:
+        handle.close()
+
+
+@contextlib.contextmanager
+def _sigint_ignored_in_children():
+    """Start processes that ignore SIGINT: a Ctrl-C in the terminal goes to the whole process group,
+    and Dask workers (and the verify workers they start) would each print a KeyboardInterrupt
+    traceback. The driver alone handles it: it saves the state and closes the cluster, which stops
+    them. (Processes inherit an ignored SIGINT, and Python then installs no handler for it.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
+              on_result=None, stop=None) -> None:
+    with _sigint_ignored_in_children():
+        handle = start_cluster(cfg.cluster, run_dir=out)
+    client = handle.client
+    max_in_flight = cfg.max_in_flight or 4 * handle.slots
+    max_candidates = cfg.max_candidates or 200 * cfg.n_tasks
+    sampler_cfg, verify_cfg, dedup_cfg = plain(cfg.sampler), plain(cfg.verify), plain(cfg.dedup)
+    if handle.gpu_resource and verify_cfg.get("device") == "cpu":
+        log.warning("cluster=%s has GPUs but verify.device=cpu: tasks are verified on CPU", handle.kind)
+    submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
+    inflight: dict[int, Any] = {}
+    done: dict[int, dict] = {}
+    next_submit = committer.next_index
+    flushed_at = writer.num_rows
+    ac = as_completed()
+
+    def target_in_flight() -> int:
+        remaining = max(cfg.n_tasks - committer.rows, 1)
+        committed = stats.accepted + stats.num_rejected
+        rate = (stats.accepted + 1) / (committed + 3)  # smoothed acceptance rate
+        need = math.ceil(remaining / rate * 1.2) - len(done)
+        return max(1, min(max_in_flight, max(need, handle.slots)))
+
+    def top_up() -> None:
+        nonlocal next_submit
+        while len(inflight) < target_in_flight() and next_submit < max_candidates:
+            i = next_submit
+            f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
+                              dedup_cfg, cfg.kb_check, key=f"candidate-{cfg.seed}-{i}", pure=False, **submit_kw)
+            inflight[i] = f
+            ac.add(f)
+            next_submit += 1
+
+    def save() -> None:
+        writer.flush()
+        stats.run_wall_time_s = time.monotonic() - t_start
+        stats.wall_time_s = prior_wall + stats.run_wall_time_s
+        statefile.save_state(out, statefile.state_record(committer, stats, writer))
+
+    peaks = client.submit(measure_peaks, sampler_cfg, verify_cfg, dedup_cfg, cfg.kb_check,
+                          key=f"peaks-{cfg.seed}-{committer.next_index}", pure=False, **submit_kw)
+    peaks.add_done_callback(lambda f: _record_peaks(f, stats))
+    progress = RunProgress(stats, total=cfg.n_tasks, disable=not cfg.progress, rows=lambda: writer.num_rows)
+    start_index = committer.next_index
+    try:
+        top_up()
+        while committer.wants_more(cfg.n_tasks) and inflight and not (stop is not None and stop.is_set()):
+            f = next(ac)
+            i = next(k for k, v in inflight.items() if v is f)
+            del inflight[i]
+            try:
+                rec = f.result()
+            except Exception as e:  # KilledWorker after a second death, or a bug outside the sandbox
+                from distributed import KilledWorker
+
+                reason = "killed_worker" if isinstance(e, KilledWorker) else f"pipeline_error:{type(e).__name__}"
+                rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
+                       "evidence": str(e)[:500]}
+            done[i] = rec
+            for k, v in (rec.get("stage_s") or {}).items():
+                stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
+            if on_result is not None:
+                on_result(rec)
+            t_write = time.perf_counter()
+            while committer.next_index in done and committer.wants_more(cfg.n_tasks):
+                committer.commit(done.pop(committer.next_index))
+                committer.next_index += 1
+                progress.update()
+                if writer.num_rows - flushed_at >= cfg.flush_every:
+                    save()
+                    flushed_at = writer.num_rows
+            stats.stage_seconds["writing"] = stats.stage_seconds.get("writing", 0.0) + time.perf_counter() - t_write
+            if committer.wants_more(cfg.n_tasks):
+                top_up()
+        if committer.rows < cfg.n_tasks and not (stop is not None and stop.is_set()):
+            log.warning("stopped after %d candidates (%d in this run) with %d/%d rows: max_candidates=%d reached",
+                        committer.next_index, committer.next_index - start_index, committer.rows, cfg.n_tasks,
+                        max_candidates)
+    finally:
+        progress.close()
+        pending = list(inflight.values()) + ([] if peaks.done() else [peaks])
+        if pending:
+            client.cancel(pending, force=True)
+        save()
+        handle.close()
+
+
+def run(cfg: GenerateConfig, on_result=None, stop: threading.Event | None = None) -> dict:
+    """Generate until `cfg.n_tasks` rows are in `cfg.output_dir`; returns the run summary.
+
+    on_result: called with each candidate's record as it arrives (benchmarks read its `stage_s`).
+    stop: when set, the run stops at the next result as if `max_candidates` were reached."""
+    from distributed import as_completed
+
+    from opsynth.catalog import load_catalog
+    from opsynth.shards import RunProgress, RunStats, ShardWriter
+
+    cfg.validate()
+    cfg.check_machine()
+    out = Path(cfg.output_dir)
+    if cfg.kb_check:  # fail fast, on the driver, before anything is written, when the reference is missing
+        from opsynth.dedup import load_kernelbench
+        from opsynth.dedup.kernelbench import local_reference
+
+        if not cfg.dedup.kb_path and local_reference() is not None:  # found here: every worker reads this file
+            cfg.dedup.kb_path = str(local_reference().resolve())
+        load_kernelbench(kb_path=cfg.dedup.kb_path, kb_dataset=cfg.dedup.kb_dataset, levels=cfg.dedup.kb_levels)
+    out.mkdir(parents=True, exist_ok=True)
+    state = statefile.load_state(out)
+    catalog = load_catalog()
+    t_start = time.monotonic()
+    state = _check_folder(cfg, out, state)
+    if not state:
+        state = statefile.state_from_rows(cfg, out)
+    writer = ShardWriter(out, rows_per_shard=cfg.rows_per_shard, row_group_size=cfg.row_group_size)
+    try:
+        stats = RunStats.from_dict(state["stats"]) if "stats" in state else RunStats()
+        prior_wall = stats.wall_time_s
+        rows_at_start = writer.num_rows
+        if "stats" not in state:  # shards without a state file: rows no counted run made
+            stats.adopted_rows = rows_at_start
+        committer = _Committer(cfg, writer, stats, state)
+        complete = not committer.wants_more(cfg.n_tasks)
+        if not (complete and "stats" in state):  # a finished run's record stays as it was made
+            describe_run(stats, cfg)
+        if complete:
+            log.info("%s already holds %d rows (n_tasks=%d): nothing to generate", out, writer.num_rows, cfg.n_tasks)
+        else:
+            stats.runs += 1
+            stats.resumed_rows = rows_at_start  # counted in the files, not carried over
+            _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_completed, RunProgress,
+                      on_result, stop)
+            if not (stop is not None and stop.is_set()):
+                committer.adopt_leftovers()
+            stats.run_wall_time_s = time.monotonic() - t_start
+            stats.wall_time_s = prior_wall + stats.run_wall_time_s  # a no-op rerun adds no time
+            stats.run_added_rows = writer.num_rows - rows_at_start
+        for op in list(stats.categories):
+            stats.categories[op] = catalog.ops[op].category if op in catalog else "other"
+        files = writer.finalize()
+        total_rows = writer.num_rows
+        _check_counts(out, stats, committer, total_rows)
+        statefile.save_state(out, statefile.state_record(committer, stats, writer, finished=True))
+    finally:
+        writer.close()
+    summary = stats.to_dict()
+    summary["files"] = [str(f) for f in files]
+    summary["rows"] = total_rows  # in the folder, earlier runs included; < n_tasks when max_candidates stopped it
+    summary["generated"] = not complete  # False: the folder already held n_tasks rows
+    summary["calib_steps_mean"] = (sum(committer.calib_steps) / len(committer.calib_steps)
+                                   if committer.calib_steps else None)
+    if cfg.write_card:
+        from opsynth.graph import OpGraph
+        from opsynth.shards import read_rows, write_card, write_report
+
+        write_report(out, stats, rows=read_rows(out), rejections=committer.examples,
+                     signature_of=lambda row: OpGraph.from_json(row["graph"]).signature())
+        if total_rows:  # a dataset card describes data; with no rows the report says why
+            write_card(out, stats, repo_id=cfg.repo_id)
+    return summary
+

@@ -1,0 +1,82 @@
+"""The per-device lock: one lock file per physical GPU (and one for the CPU) in one folder per
+machine, held (``fcntl.flock``) around every timed or checked section of the verifier's workers and
+the reward environment's children, so their timings never overlap on a device while builds and
+compilation run in parallel.
+
+The folder is `resolve_lock_dir()`: $OPSYNTH_LOCK_DIR, else the system temp folder of the trusted process
+that names the lock (a confined child's own TMPDIR is its scratch, so children are handed the path
+or, for the verifier's workers, the folder in their environment).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+LOCK_DIR_ENV = "OPSYNTH_LOCK_DIR"
+
+
+def resolve_lock_dir(configured: str | None = None) -> str:
+    """The folder of every device lock on this machine: `configured` (an explicit folder: tests, or
+    a pool handing its resolved folder on), else $OPSYNTH_LOCK_DIR, else the system's temp folder as
+    this (trusted) process sees it. The verifier's pool and the reward environment both ask here, so
+    one GPU has one lock file whoever times on it."""
+    return configured or os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir()
+
+
+def lock_path(device_key: str, lock_dir: str | None = None) -> str:
+    return os.path.join(resolve_lock_dir(lock_dir), f"opsynth-verify-timing-{device_key}.lock")
+
+
+def gpu_key(index: int = 0, env: dict[str, str] | None = None) -> str:
+    """The physical GPU behind visible CUDA device ``index``: its entry in ``CUDA_VISIBLE_DEVICES``
+    (an index or a UUID) when that is set, else the index itself. Read without initialising CUDA,
+    from ``env`` (another process's environment) or this process's."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if 0 <= index < len(entries):
+            return entries[index]
+    return str(index)
+
+
+def device_lock_path(device: str, index: int = 0, lock_dir: str | None = None,
+                     env: dict[str, str] | None = None) -> str:
+    """The one lock file of a device, shared by the verifier and the reward environment: one per
+    physical GPU (two GPUs never share a lock, whatever each process's CUDA_VISIBLE_DEVICES), one for
+    the CPU. ``env``: the environment of the process that will lock it, when not this one."""
+    key = "cpu" if device == "cpu" else f"cuda{gpu_key(index, env)}"
+    return lock_path(key, lock_dir)
+
+
+@contextmanager
+def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
+              on_acquired: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (no-op when ``path`` is None). ``on_wait`` is called
+    before blocking and ``on_acquired`` after, so the parent can stop counting the wait against
+    the task's timeout."""
+    if path is None:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # a sandboxed reader sees the lock on a read-only mount: flock needs no write access
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if on_acquired:
+                on_acquired()
+        yield
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
