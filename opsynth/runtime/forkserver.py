@@ -93,7 +93,7 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
 
             isolation.enter(
                 iso["writable"], iso.get("hidden", []), iso.get("must_not_write", []), iso.get("readable", []),
-                tuple(iso["ids"]) if iso.get("ids") else None, iso.get("syscall_filter", True),
+                tuple(iso["ids"]) if iso.get("ids") else None, iso.get("syscall_filter", True), iso.get("private"),
             )
             os.chdir(req["cwd"])  # again: the old working folder is the one from before its writable bind
         from opsynth.runtime.sandbox import run_job

@@ -140,7 +140,8 @@ def enter(
     still reach as that uid (the interpreter, the package, the extension cache). Whatever the start,
     it ends with no capabilities, `no_new_privs`, and the system-call filter (`syscall_filter`).
 
-    `private` (None: `private_folders()`): folders replaced by skeletons that hold only the needed
+    `private` (None: `private_folders()` from this process's environment; a caller that has set
+    the child's environment already names the evaluator's own): folders replaced by skeletons that hold only the needed
     paths below them, whatever their modes. A child that keeps its caller's uid (an ordinary user's
     evaluator) could otherwise read all that user's files: the Hub token in the home folder, the
     scratch folders of its sibling candidates.
@@ -312,7 +313,9 @@ def expose(paths: list[str], writable: list[str] = (), uid: int | None = None, p
         c = above(p)
         if c is not None:
             groups.setdefault(c, []).append(p)
-    for c in sorted(groups, key=len, reverse=True):
+    for c in sorted(covered, key=len, reverse=True):  # deepest first: a parent learns of its children
+        if c not in groups:
+            continue
         up = above(c)
         if up is not None and not any(_inside(c, [p]) for p in groups.get(up, [])):
             groups.setdefault(up, []).append(c)

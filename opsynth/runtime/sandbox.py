@@ -241,9 +241,12 @@ def run_child(
             "writable": [str(scratch), *map(str, writable)],
             "hidden": [str(cache_dir / "trust")] if (cache_dir / "trust").is_dir() else [],
             "must_not_write": [str(cache_dir), str(REPO_ROOT), str(Path(sys.prefix))],
-            "readable": isolation.readable_paths([str(cache_dir / "ext"), str(cache_dir / "bin"), *map(str, readable)]),
+            "readable": isolation.readable_paths([str(cache_dir / "ext"), str(cache_dir / "bin"), *map(str, readable),
+                                                  *([job["device_lock"]] if job.get("device_lock") else [])]),
             "ids": ids,
             "syscall_filter": getattr(cfg, "syscall_filter", True),
+            # The caller's home and temporary folders, named here: the child's environment is its job's
+            "private": isolation.private_folders(switched=ids is not None),
         },
     }
     t0 = time.perf_counter()

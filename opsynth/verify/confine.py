@@ -96,6 +96,7 @@ class Box:
             "must_not_write": [str(REPO_ROOT), sys.prefix, str(self.root.parent), tempfile.gettempdir()],
             "readable": list(readable),
             "ids": list(self.ids) if self.ids else None,
+            "private": isolation.private_folders(switched=self.ids is not None and os.getuid() == 0),
         }
 
 
@@ -115,7 +116,7 @@ def enter(request: dict) -> None:
         raise RuntimeError(f"the worker runs {threads} threads before confining itself; it must be single-threaded")
     ids = tuple(request["ids"]) if request.get("ids") else None
     isolation.enter(request["writable"], request["hidden"], request["must_not_write"],
-                    isolation.readable_paths(request["readable"]), ids)
+                    isolation.readable_paths(request["readable"]), ids, private=request.get("private"))
     # Changing uid made the process non-dumpable, which gives /proc/self to root: the memory probe
     # could no longer reset its high-water mark (clear_refs). Dumpable again, without core files;
     # other processes cannot use it (ptrace and process_vm_* are filtered, /proc shows only this one).

@@ -52,14 +52,16 @@ def user_home(tmp_path):
                            preexec_fn=lambda: os.setresuid(UID, UID, UID))
     if probe.returncode != 0:
         pytest.skip(f"unprivileged user namespaces are off here: {probe.stderr.decode()[-200:]}")
-    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home = tmp_path / "home"
+    tmp = home / "tmp"  # below the home: the scratch folder is then two private folders down
     secret = home / ".cache" / "huggingface" / "token"
     secret.parent.mkdir(parents=True)
     secret.write_text("hf_secret_of_the_user")
     sibling = tmp / "opsynth_eval_sibling" / "job.json"
     sibling.parent.mkdir(parents=True)
     sibling.write_text("the sibling's candidate")
-    (tmp_path / "child.py").write_text(CHILD.format(repo=str(REPO)))
+    (tmp_path / "bin").mkdir()  # beside the home, so that the script's folder (on sys.path) does not hold it
+    (tmp_path / "bin" / "child.py").write_text(CHILD.format(repo=str(REPO)))
     for p in [tmp_path, *tmp_path.rglob("*")]:
         os.lchown(p, UID, UID)
     for p in (secret, sibling.parent):
@@ -71,8 +73,8 @@ def _seen(tmp_path: Path, secret: Path, sibling: Path, private: str) -> dict:
     import json
 
     cmd = [sys.executable, str(HERE / "as_unprivileged.py"), str(UID), str(tmp_path), "--",
-           sys.executable, str(tmp_path / "child.py"), private, str(secret), str(sibling)]
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path / "tmp")}
+           sys.executable, str(tmp_path / "bin" / "child.py"), private, str(secret), str(sibling)]
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path / "home" / "tmp")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
