@@ -238,7 +238,7 @@ def _enter_in_child(confine_mounts) -> str:
         try:
             if confine_mounts is not None:
                 isolation._confine_mounts = confine_mounts
-            isolation.enter([scratch], must_not_write=[guarded])
+            isolation.enter([scratch], must_not_write=[guarded], private=[])  # guarded stays in view
             msg = "entered"
         except BaseException as e:  # noqa: BLE001
             msg = f"{type(e).__name__}: {e}"
