@@ -48,7 +48,7 @@ def cache_key(cfg, task_code: str, device: str, mode: str | None = None) -> str:
 
 
 def _locked(path: Path):
-    from opsynth.verify.timing import file_lock
+    from opsynth.runtime.timing import file_lock
 
     path.parent.mkdir(parents=True, exist_ok=True)
     return file_lock(str(path) + ".lock")

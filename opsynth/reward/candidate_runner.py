@@ -147,7 +147,7 @@ def measure(job) -> dict:
     cuda_init_s = round(time.perf_counter() - t_ctx, 3)
     from opsynth.render.task_file import set_mode  # bound before the candidate is imported
     from opsynth.reward import candidate_runner
-    from opsynth.verify import timing
+    from opsynth.runtime import timing
 
     from opsynth.reward import cuda_state as cuda_state_mod
     from opsynth.reward import rounds, timed_inputs
@@ -382,7 +382,7 @@ def measure(job) -> dict:
                 raise Reject("kernel_not_launched", f"no call into the candidate's compiled code during forward (extensions: {tracker.modules})")
             warmup, repeats = job["timing"]
             timer = timing.Timer(device, job.get("flush_l2", True))
-            snapshot.watch("opsynth.verify.timing.Timer instance", timer)
+            snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
             audit.stream_use.clear()
             n_viol = len(audit.violations)
             chan = rounds.Channel(sandbox_fd())

@@ -99,7 +99,7 @@ def _device_env(cfg: RewardConfig, device: str) -> dict:
     """Children see exactly this process's GPU (under several ranks or workers, each its own)."""
     if device != "cuda":
         return {}
-    from opsynth.verify.timing import gpu_key
+    from opsynth.runtime.timing import gpu_key
 
     return {"CUDA_VISIBLE_DEVICES": gpu_key(cfg.resolved_device_index())}
 

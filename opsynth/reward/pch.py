@@ -170,7 +170,7 @@ def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool 
     if failed.is_file():
         return None
     (base / "torch").mkdir(parents=True, exist_ok=True)
-    from opsynth.verify.timing import file_lock
+    from opsynth.runtime.timing import file_lock
 
     with file_lock(str(base.parent / f"{key}.lock")):  # the first builder compiles; the rest wait, then reuse it
         if gch.is_file():

@@ -49,7 +49,7 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
     from opsynth.reward.guards import poison_fill
     from opsynth.reward.rounds import Channel, run_rounds
     from opsynth.reward.timed_inputs import stack_trials, tolerance
-    from opsynth.verify.timing import Timer
+    from opsynth.runtime.timing import Timer
 
     contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
     buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
@@ -105,7 +105,7 @@ def run(job: dict) -> dict:
 def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
     import torch
 
-    from opsynth.verify.timing import time_forward
+    from opsynth.runtime.timing import time_forward
 
     try:
         t0 = time.perf_counter()
@@ -128,7 +128,7 @@ def _run(job: dict):
 
     from opsynth.render.task_file import load_task_module, set_mode, with_second_shape
     from opsynth.reward.compare import as_output_list
-    from opsynth.verify.timing import Timer, time_forward
+    from opsynth.runtime.timing import Timer, time_forward
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))

@@ -306,7 +306,7 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, rounds, *
     Returns ({round: outputs} of the kept rounds, {round: fingerprints})."""
     from opsynth.reward.compare import as_output_list
     from opsynth.reward.timed_inputs import fingerprint, fresh_inputs, input_key
-    from opsynth.verify.timing import load_contents, time_rounds
+    from opsynth.runtime.timing import load_contents, time_rounds
 
     kept: dict = {}
     fps: dict = {}

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from . import protocol
 from .config import VerifyConfig
-from .timing import cpu_clock, device_lock_path, file_lock, median_ms
+from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, median_ms
 
 # Reasons after which the worker's state cannot be trusted (a poisoned CUDA context, a task that
 # meant to exit, a verifier bug): the parent replaces the worker. A failed allocation leaves the

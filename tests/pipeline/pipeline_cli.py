@@ -27,7 +27,7 @@ FAST = [
     "progress=false",
 ]
 MARK = "OPSYNTH_PIPELINE_TEST_RUN"
-# Every timing multiplied by a random factor in [0.8, 1.25] (opsynth.verify.timing).
+# Every timing multiplied by a random factor in [0.8, 1.25] (opsynth.runtime.timing).
 NOISE = {"OPSYNTH_TIMING_NOISE": "0.8,1.25"}
 
 

@@ -110,7 +110,7 @@ def test_rows_hold_when_re_measured_in_a_fresh_process(two_runs, tmp_path):
 
 def test_noise_injection_multiplies_each_timing(monkeypatch):
     """The hook the tests above rely on: independent factors, inside the bounds, only when asked."""
-    from opsynth.verify import timing
+    from opsynth.runtime import timing
 
     monkeypatch.delenv(timing.NOISE_ENV, raising=False)
     assert timing.noise_factor() == 1.0

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from opsynth.verify.timing import device_lock_path, file_lock, gpu_key
+from opsynth.runtime.timing import device_lock_path, file_lock, gpu_key
 
 
 def test_two_device_indices_never_share_a_lock_file(monkeypatch, tmp_path):

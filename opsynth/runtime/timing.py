@@ -1,5 +1,5 @@
-"""Median runtimes, and the lock that keeps timings on one device from overlapping
-(`opsynth.runtime.device_lock`, re-exported here).
+"""Median runtimes for the verifier and the reward, and the lock that keeps timings on one device
+from overlapping (`opsynth.runtime.device_lock`, re-exported here).
 
 On CUDA a run is timed with CUDA events after warm-up. On CPU a single-threaded worker (the
 default: one torch thread per worker) is timed with its thread's CPU time (``time.thread_time``),
