@@ -132,7 +132,8 @@ def sandbox_fd():
     return sandbox.BUILD_FD
 
 
-def measure(job) -> dict:
+def _prepare(job) -> types.SimpleNamespace:
+    """Guards in, pools warm, harness snapshot taken: all before anything untrusted runs (order matters)."""
     torch, guards, audit, tracker = _install(job)
     device = job["device"]
     if job.get("cpu_threads"):
@@ -166,6 +167,17 @@ def measure(job) -> dict:
     _clone = torch.Tensor.clone
     _sync = torch.cuda.synchronize if cuda else (lambda: None)
     info: dict = {"build_s": None, "cuda_init_s": cuda_init_s}
+    return types.SimpleNamespace(
+        torch=torch, guards=guards, audit=audit, tracker=tracker, device=device, cuda=cuda, set_mode=set_mode,
+        timing=timing, rounds=rounds, timed_inputs=timed_inputs, snapshot=snapshot, off=off, cstate=cstate,
+        l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, clone=_clone, sync=_sync,
+        info=info, check_harness=_harness_checker(snapshot, off), model=None, guarded=None,
+        protected=set(), poisoned=set(), reused=[],
+    )
+
+
+def _harness_checker(snapshot, off):
+    """A closure made before the candidate runs, so patching this module cannot swap the check out."""
 
     def check_harness(where: str):
         if "harness_snapshot" in off:
@@ -174,269 +186,335 @@ def measure(job) -> dict:
         if bad:
             raise Reject(bad.split(":")[0], f"{bad} ({where})")
 
-    lock = ExitStack()
-    try:
-        t0 = time.perf_counter()
-        mod = _load_candidate(job, tracker)
-        info["build_s"] = round(time.perf_counter() - t0, 3)
-        check_harness("module import")
-        ModelNew = getattr(mod, "ModelNew", None)
-        if not isinstance(ModelNew, type):
-            raise Reject("no_model_new", "the candidate defines no class ModelNew")
-        if any(c.__name__ == "Model" for c in ModelNew.__mro__):
-            raise Reject("uses_model", "ModelNew subclasses Model")
+    return check_harness
+
+
+def _guarded_forward(audit, model):
+    """The audited forward: the op audit acts only while armed, i.e. inside the candidate's forward."""
+
+    def guarded(*args):
+        audit.armed = True
         try:
-            torch.manual_seed(int(job["init_seed"]))
-            with torch.device(device):
-                model = ModelNew(*init_inputs)
-            model = set_mode(model.to(device), job.get("task_mode"))  # the task's mode, as the reference
+            return model(*args)
+        finally:
+            audit.armed = False
+
+    return guarded
+
+
+def _instantiate(ctx, job):
+    """Import the candidate and build ModelNew, refusing anything that is not its own nn.Module."""
+    torch, info, check_harness = ctx.torch, ctx.info, ctx.check_harness
+    t0 = time.perf_counter()
+    mod = _load_candidate(job, ctx.tracker)
+    info["build_s"] = round(time.perf_counter() - t0, 3)
+    check_harness("module import")
+    ModelNew = getattr(mod, "ModelNew", None)
+    if not isinstance(ModelNew, type):
+        raise Reject("no_model_new", "the candidate defines no class ModelNew")
+    if any(c.__name__ == "Model" for c in ModelNew.__mro__):
+        raise Reject("uses_model", "ModelNew subclasses Model")
+    try:
+        torch.manual_seed(int(job["init_seed"]))
+        with torch.device(ctx.device):
+            model = ModelNew(*ctx.init_inputs)
+        model = ctx.set_mode(model.to(ctx.device), job.get("task_mode"))  # the task's mode, as the reference
+    except Reject:
+        raise
+    except Exception:
+        raise Reject("init_error", traceback.format_exc()[-4000:])
+    if not isinstance(model, torch.nn.Module):
+        raise Reject("no_model_new", "ModelNew is not an nn.Module")
+    for sub in model.modules():
+        if type(sub).__name__ == "Model":
+            raise Reject("uses_model", "ModelNew holds a Model instance")
+    threads = ctx.guards.new_python_threads(ctx.base_threads)
+    if threads:
+        raise Reject("side_stream", f"thread(s) {threads} started by the candidate's import or __init__")
+    check_harness("ModelNew init")
+    return model
+
+
+def _load_weights(ctx, model) -> dict:
+    """Weights and inputs arrive only now, on stdin: nothing the candidate ran so far could see them."""
+    torch = ctx.torch
+    import io
+
+    data = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
+    own = model.state_dict()
+    matched = {k: v for k, v in data["state_dict"].items() if k in own and tuple(own[k].shape) == tuple(v.shape)}
+    model.load_state_dict(matched, strict=False)
+    print(f"[candidate] copied {len(matched)}/{len(data['state_dict'])} reference weights", flush=True)
+    ctx.check_harness("ModelNew init")
+    return data
+
+
+def _poison_outputs(ctx, outs):
+    """Poison what a call returned once it is judged: a candidate that hands back the same
+    buffer next time without writing it (a kernel that failed to launch) returns NaN, not
+    the previous call's correct result. Model parameters it returned are left alone."""
+    if "poison_outputs" in ctx.off:
+        return
+    for o in outs:
+        if isinstance(o, ctx.torch.Tensor) and o.numel() and o.untyped_storage().data_ptr() not in ctx.protected:
+            try:
+                ctx.guards.poison_fill(o)
+                ctx.poisoned.add(o.untyped_storage().data_ptr())
+            except RuntimeError:  # an expanded (self-overlapping) view cannot be filled
+                pass
+
+
+def _check_outputs(ctx, outs, where: str):
+    """Plain tensors on the task's device, nothing else."""
+    torch = ctx.torch
+    for o in outs:
+        if not isinstance(o, torch.Tensor):
+            raise Reject("wrong_type", f"{where}: output is {type(o).__name__}, not a tensor")
+        if type(o) is not torch.Tensor:
+            raise Reject("tensor_subclass", f"{where}: output is a {type(o).__qualname__}")
+        if o.device.type != ctx.device:
+            raise Reject("wrong_device", f"{where}: output on {o.device}")
+
+
+def _device_state(ctx, where: str):
+    """Launch errors the candidate left unchecked; a persisting-L2 set-aside."""
+    cstate = ctx.cstate
+    if cstate is None:
+        return
+    if "launch_check" not in ctx.off:
+        err = cstate.last_error()
+        if err:
+            raise Reject("launch_failed", f"{where}: a kernel launch failed ({err}) and nothing checked it")
+    if "l2_reset" not in ctx.off:
+        held = cstate.persisting_l2_bytes()
+        if held > ctx.l2_start:
+            raise Reject("persisting_cache", f"{where}: a persisting-L2 set-aside of {held} bytes is in force "
+                         "(it would keep the working set in L2 across the harness's flush)")
+
+
+def _sync_checked(ctx, where: str):
+    """A device sync whose error (an asynchronous launch failure) is the candidate's rejection."""
+    try:
+        ctx.sync()
+    except RuntimeError as e:
+        raise Reject("launch_failed", f"{where}: {e}"[:2000])
+
+
+def _call_checked(ctx, args, meta, where):
+    """One audited forward with every dynamic check; returns a CPU copy of the outputs."""
+    torch, audit, device, cuda, _clone = ctx.torch, ctx.audit, ctx.device, ctx.cuda, ctx.clone
+    pristine = [_clone(a) if isinstance(a, torch.Tensor) else a for a in args]
+    _poison(torch, meta, device)
+    if cuda:
+        _sync_checked(ctx, f"before {where}")
+        _device_state(ctx, f"before {where}")
+    n_viol = len(audit.violations)
+    audit.poison = True
+    try:
+        out = ctx.guarded(*args)
+    except Exception as e:
+        if len(audit.violations) > n_viol:
+            raise Reject("forbidden_op:" + audit.violations[n_viol], f"{where}: {e}")
+        raise Reject("runtime_error", f"{where}: " + traceback.format_exc()[-4000:])
+    finally:
+        audit.poison = False
+    if len(audit.violations) > n_viol:
+        raise Reject("fallback", f"{where}: blocked op {audit.violations[n_viol]} was caught and swallowed by the candidate")
+    if audit.stream_use:
+        raise Reject("side_stream", f"{where}: {audit.stream_use[0]} used inside forward")
+    ctx.check_harness(where)
+    outs = _outputs_list(out)
+    _check_outputs(ctx, outs, where)
+    ctx.reused.append(any(o.untyped_storage().data_ptr() in ctx.poisoned for o in outs))
+    # Work still running after forward returned escaped the timed region.
+    if cuda:
+        try:
+            torch.cuda.current_stream().synchronize()
+        except RuntimeError as e:
+            raise Reject("launch_failed", f"{where}: {e}"[:2000])
+        _device_state(ctx, where)
+    early = [_clone(o) for o in outs]
+    threads = ctx.guards.new_python_threads(ctx.base_threads)
+    if threads:
+        raise Reject("side_stream", f"{where}: thread(s) {threads} still running after forward returned")
+    time.sleep(0.02)
+    _sync_checked(ctx, where)
+    for e, o in zip(early, outs):
+        if not _same_bits(torch, e, o):
+            raise Reject("side_stream", f"{where}: output changed after forward returned (work outside the timed region)")
+    for p, a in zip(pristine, args):
+        if isinstance(a, torch.Tensor) and not _same_bits(torch, p, a):
+            raise Reject("input_mutated", f"{where}: forward modified its input in place")
+    _poison_outputs(ctx, outs)
+    return [o.detach().cpu() for o in early]
+
+
+def _warm_profiler(ctx):
+    """Profiler (CUPTI) start-up costs seconds: pay it outside the device lock."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t_prof = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]):
+        ctx.torch.ones(1, device="cuda").add_(1)
+        ctx.sync()
+    ctx.info["profiler_init_s"] = round(time.perf_counter() - t_prof, 3)
+
+
+def _checked_trials(ctx, job, data):
+    """Every trial (and the second shape) through the fully checked call; outputs kept for the parent."""
+    torch, device = ctx.torch, ctx.device
+    meta = job["output_meta"]
+    contents = [_device_inputs(torch, t, device) for t in data["trials"]]
+    # One set of buffers for all trials: a cache keyed on the input pointer sees new contents.
+    buffers = [ctx.clone(x) if isinstance(x, torch.Tensor) else x for x in contents[0]]
+    trial_outs = []
+    for k, c in enumerate(contents):
+        ctx.timing.load_contents(buffers, c)
+        trial_outs.append(_call_checked(ctx, buffers, meta["trials"], f"trial {k}"))
+    second_outs = None
+    if job.get("has_second") and data.get("second") is not None:
+        args2 = _device_inputs(torch, data["second"], device)
+        try:
+            second_outs = _call_checked(ctx, args2, meta["second"], "second shape")
+        except Reject as r:
+            if r.reason in ("runtime_error",):
+                raise Reject("shape_hardcoded", r.detail)
+            raise
+    return contents, buffers, trial_outs, second_outs
+
+
+def _profiled_call(ctx, buffers, contents) -> tuple[list, list]:
+    """One profiled forward on CUDA: the candidate's own kernels (and their times), all on the timed stream."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch, _sync = ctx.torch, ctx.sync
+    ctx.timing.load_contents(buffers, contents[0])
+    marker = torch.zeros(1, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        marker.add_(1)  # an aten kernel on the current (timed) stream, launched first
+        _sync()
+        profiled = ctx.guarded(*buffers)
+        _sync()
+    _poison_outputs(ctx, _outputs_list(profiled))  # as after every call: a reused buffer must be rewritten
+    profiled = None
+    dev_events = sorted(
+        (e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA") and "Memcpy" not in e.name and "Memset" not in e.name),
+        key=lambda e: e.time_range.start,
+    )
+    own = [e for e in dev_events[1:] if not any(p in e.name for p in CUDA_LIBRARY_KERNELS)]
+    kernels = sorted({e.name for e in own})
+    by_name: dict = {}
+    for e in own:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    kernel_times = sorted(([n, round(us, 2)] for n, us in by_name.items()), key=lambda x: -x[1])
+    if dev_events:
+        timed_stream = getattr(dev_events[0], "device_resource_id", None)
+        elsewhere = sorted({e.name for e in dev_events[1:] if getattr(e, "device_resource_id", None) != timed_stream})
+        if elsewhere:
+            raise Reject("side_stream", f"kernel(s) {elsewhere[:3]} ran on another CUDA stream than the timed one")
+    print(f"[candidate] own kernels seen by the profiler: {kernels[:8]}", flush=True)
+    return kernels, kernel_times
+
+
+def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
+    """The rounds protocol with the parent (fresh inputs per call, a second pass when it asks), then the checks."""
+    audit, cstate, off, rounds = ctx.audit, ctx.cstate, ctx.off, ctx.rounds
+    warmup, repeats = job["timing"]
+    timer = ctx.timing.Timer(ctx.device, job.get("flush_l2", True))
+    ctx.snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
+    audit.stream_use.clear()
+    n_viol = len(audit.violations)
+    chan = rounds.Channel(sandbox_fd())
+    stacked = ctx.timed_inputs.stack_trials(contents)
+    check_outputs, device_state, poison = _check_outputs, _device_state, _poison_outputs
+
+    def poison_outputs(outs):
+        poison(ctx, outs)
+
+    def before_call():
+        if cstate is not None and "l2_reset" not in off:
+            cstate.reset_persisting_l2()
+
+    def check_call(j, outs):
+        where = f"timed call {j}"
+        check_outputs(ctx, outs, where)
+        device_state(ctx, where)
+
+    def timed_pass(first: int, count: int) -> dict:
+        try:
+            kept, _ = rounds.run_rounds(ctx.guarded, buffers, stacked, timer, chan, range(first, first + count),
+                                        fresh="fresh_inputs" not in off, trials=contents, before_call=before_call,
+                                        check_call=check_call, after_report=poison_outputs)
+            rep = chan.request({"kind": "timing_done"})
         except Reject:
             raise
-        except Exception:
-            raise Reject("init_error", traceback.format_exc()[-4000:])
-        if not isinstance(model, torch.nn.Module):
-            raise Reject("no_model_new", "ModelNew is not an nn.Module")
-        for sub in model.modules():
-            if type(sub).__name__ == "Model":
-                raise Reject("uses_model", "ModelNew holds a Model instance")
-        threads = guards.new_python_threads(base_threads)
-        if threads:
-            raise Reject("side_stream", f"thread(s) {threads} started by the candidate's import or __init__")
-        check_harness("ModelNew init")
-        # Weights and inputs arrive only now, on stdin: nothing the candidate ran so far could see them.
-        import io
-
-        data = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
-        own = model.state_dict()
-        matched = {k: v for k, v in data["state_dict"].items() if k in own and tuple(own[k].shape) == tuple(v.shape)}
-        model.load_state_dict(matched, strict=False)
-        print(f"[candidate] copied {len(matched)}/{len(data['state_dict'])} reference weights", flush=True)
-        check_harness("ModelNew init")
-
-        protected = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-        poisoned: set = set()  # storages of outputs poisoned after their call
-        reused: list = []  # per trial: did it return a storage poisoned after an earlier call
-
-        def poison_outputs(outs):
-            """Poison what a call returned once it is judged: a candidate that hands back the same
-            buffer next time without writing it (a kernel that failed to launch) returns NaN, not
-            the previous call's correct result. Model parameters it returned are left alone."""
-            if "poison_outputs" in off:
-                return
-            for o in outs:
-                if isinstance(o, torch.Tensor) and o.numel() and o.untyped_storage().data_ptr() not in protected:
-                    try:
-                        guards.poison_fill(o)
-                        poisoned.add(o.untyped_storage().data_ptr())
-                    except RuntimeError:  # an expanded (self-overlapping) view cannot be filled
-                        pass
-
-        def check_outputs(outs, where: str):
-            """Plain tensors on the task's device, nothing else."""
-            for o in outs:
-                if not isinstance(o, torch.Tensor):
-                    raise Reject("wrong_type", f"{where}: output is {type(o).__name__}, not a tensor")
-                if type(o) is not torch.Tensor:
-                    raise Reject("tensor_subclass", f"{where}: output is a {type(o).__qualname__}")
-                if o.device.type != device:
-                    raise Reject("wrong_device", f"{where}: output on {o.device}")
-
-        def device_state(where: str):
-            """Launch errors the candidate left unchecked; a persisting-L2 set-aside."""
-            if cstate is None:
-                return
-            if "launch_check" not in off:
-                err = cstate.last_error()
-                if err:
-                    raise Reject("launch_failed", f"{where}: a kernel launch failed ({err}) and nothing checked it")
-            if "l2_reset" not in off:
-                held = cstate.persisting_l2_bytes()
-                if held > l2_start:
-                    raise Reject("persisting_cache", f"{where}: a persisting-L2 set-aside of {held} bytes is in force "
-                                 "(it would keep the working set in L2 across the harness's flush)")
-
-        def sync_checked(where: str):
-            try:
-                _sync()
-            except RuntimeError as e:
-                raise Reject("launch_failed", f"{where}: {e}"[:2000])
-
-        def guarded(*args):
-            audit.armed = True
-            try:
-                return model(*args)
-            finally:
-                audit.armed = False
-
-        def call_checked(args, meta, where):
-            """One audited forward with every dynamic check; returns a CPU copy of the outputs."""
-            pristine = [_clone(a) if isinstance(a, torch.Tensor) else a for a in args]
-            _poison(torch, meta, device)
-            if cuda:
-                sync_checked(f"before {where}")
-                device_state(f"before {where}")
-            n_viol = len(audit.violations)
-            audit.poison = True
-            try:
-                out = guarded(*args)
-            except Exception as e:
-                if len(audit.violations) > n_viol:
-                    raise Reject("forbidden_op:" + audit.violations[n_viol], f"{where}: {e}")
-                raise Reject("runtime_error", f"{where}: " + traceback.format_exc()[-4000:])
-            finally:
-                audit.poison = False
+        except rounds.ProtocolError as e:
+            raise Reject("timing_protocol", str(e))
+        except Exception as e:
             if len(audit.violations) > n_viol:
-                raise Reject("fallback", f"{where}: blocked op {audit.violations[n_viol]} was caught and swallowed by the candidate")
-            if audit.stream_use:
-                raise Reject("side_stream", f"{where}: {audit.stream_use[0]} used inside forward")
-            check_harness(where)
-            outs = _outputs_list(out)
-            check_outputs(outs, where)
-            reused.append(any(o.untyped_storage().data_ptr() in poisoned for o in outs))
-            # Work still running after forward returned escaped the timed region.
-            if cuda:
-                try:
-                    torch.cuda.current_stream().synchronize()
-                except RuntimeError as e:
-                    raise Reject("launch_failed", f"{where}: {e}"[:2000])
-                device_state(where)
-            early = [_clone(o) for o in outs]
-            threads = guards.new_python_threads(base_threads)
-            if threads:
-                raise Reject("side_stream", f"{where}: thread(s) {threads} still running after forward returned")
-            time.sleep(0.02)
-            sync_checked(where)
-            for e, o in zip(early, outs):
-                if not _same_bits(torch, e, o):
-                    raise Reject("side_stream", f"{where}: output changed after forward returned (work outside the timed region)")
-            for p, a in zip(pristine, args):
-                if isinstance(a, torch.Tensor) and not _same_bits(torch, p, a):
-                    raise Reject("input_mutated", f"{where}: forward modified its input in place")
-            poison_outputs(outs)
-            return [o.detach().cpu() for o in early]
+                raise Reject("forbidden_op:" + audit.violations[n_viol], f"timing: {e}")
+            if ctx.cuda and "CUDA error" in str(e):
+                raise Reject("launch_failed", f"timing: {e}"[:2000])
+            raise Reject("runtime_error", "timing: " + traceback.format_exc()[-4000:])
+        if not rep.get("ok"):
+            raise Reject("timing_protocol", str(rep.get("error")))
+        kept["again"] = int(rep.get("again") or 0)
+        return kept
 
-        if cuda:  # profiler (CUPTI) start-up costs seconds: pay it here, outside the device lock
-            from torch.profiler import ProfilerActivity, profile
+    main = warmup + repeats
+    kept = timed_pass(0, main)
+    again = kept.pop("again")
+    if again:  # the parent saw a median below the physical floor: a second pass, fresh seeds
+        print(f"[candidate] median below the physical floor: {again} more timed calls", flush=True)
+        kept.update(timed_pass(main, again))
+        kept.pop("again", None)
+    if len(audit.violations) > n_viol:
+        raise Reject("fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")
+    if audit.stream_use:
+        raise Reject("side_stream", f"timing: {audit.stream_use[0]} used inside forward")
+    if ctx.guards.new_python_threads(ctx.base_threads):
+        raise Reject("side_stream", "timing: thread still running after forward returned")
+    ctx.check_harness("timing")
+    return kept, main + again
 
-            t_prof = time.perf_counter()
-            with profile(activities=[ProfilerActivity.CUDA]):
-                torch.ones(1, device="cuda").add_(1)
-                _sync()
-            info["profiler_init_s"] = round(time.perf_counter() - t_prof, 3)
+
+def measure(job) -> dict:
+    """Compose the phases. They are bound here, before the candidate runs: a candidate that rebinds one
+    in this module changes nothing that is still to run (and the harness check reports the rebinding)."""
+    prepare, instantiate, load_weights, guarded_forward = _prepare, _instantiate, _load_weights, _guarded_forward
+    warm_profiler, checked_trials, profiled_call, timed_rounds = _warm_profiler, _checked_trials, _profiled_call, _timed_rounds
+    ctx = prepare(job)
+    torch, tracker, info = ctx.torch, ctx.tracker, ctx.info
+    lock = ExitStack()
+    try:
+        model = instantiate(ctx, job)
+        data = load_weights(ctx, model)
+        ctx.model = model
+        ctx.protected = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        ctx.guarded = guarded_forward(ctx.audit, model)
+        if ctx.cuda:
+            warm_profiler(ctx)
         t_setup = time.perf_counter() - _T_IMPORT
         info["setup_s"] = round(t_setup, 3)
         lock.enter_context(device_lock(job))
         t1 = time.perf_counter()
-        meta = job["output_meta"]
-        contents = [_device_inputs(torch, t, device) for t in data["trials"]]
-        # One set of buffers for all trials: a cache keyed on the input pointer sees new contents.
-        buffers = [_clone(x) if isinstance(x, torch.Tensor) else x for x in contents[0]]
-        trial_outs = []
         with torch.no_grad():
-            for k, c in enumerate(contents):
-                timing.load_contents(buffers, c)
-                trial_outs.append(call_checked(buffers, meta["trials"], f"trial {k}"))
-            second_outs = None
-            if job.get("has_second") and data.get("second") is not None:
-                args2 = _device_inputs(torch, data["second"], device)
-                try:
-                    second_outs = call_checked(args2, meta["second"], "second shape")
-                except Reject as r:
-                    if r.reason in ("runtime_error",):
-                        raise Reject("shape_hardcoded", r.detail)
-                    raise
+            contents, buffers, trial_outs, second_outs = checked_trials(ctx, job, data)
             # The candidate's own code must have run: counted extension calls, or on CUDA its kernels.
             launched = tracker.calls > 0
             kernels: list[str] = []
             kernel_times: list = []  # [name, microseconds] of the candidate's own kernels, slowest first
-            if cuda:
-                from torch.profiler import ProfilerActivity, profile
-
-                timing.load_contents(buffers, contents[0])
-                marker = torch.zeros(1, device="cuda")
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    marker.add_(1)  # an aten kernel on the current (timed) stream, launched first
-                    _sync()
-                    profiled = guarded(*buffers)
-                    _sync()
-                poison_outputs(_outputs_list(profiled))  # as after every call: a reused buffer must be rewritten
-                profiled = None
-                dev_events = sorted(
-                    (e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA") and "Memcpy" not in e.name and "Memset" not in e.name),
-                    key=lambda e: e.time_range.start,
-                )
-                own = [e for e in dev_events[1:] if not any(p in e.name for p in CUDA_LIBRARY_KERNELS)]
-                kernels = sorted({e.name for e in own})
-                by_name: dict = {}
-                for e in own:
-                    by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
-                kernel_times = sorted(([n, round(us, 2)] for n, us in by_name.items()), key=lambda x: -x[1])
-                if dev_events:
-                    timed_stream = getattr(dev_events[0], "device_resource_id", None)
-                    elsewhere = sorted({e.name for e in dev_events[1:] if getattr(e, "device_resource_id", None) != timed_stream})
-                    if elsewhere:
-                        raise Reject("side_stream", f"kernel(s) {elsewhere[:3]} ran on another CUDA stream than the timed one")
+            if ctx.cuda:
+                kernels, kernel_times = profiled_call(ctx, buffers, contents)
                 launched = bool(kernels)
-                print(f"[candidate] own kernels seen by the profiler: {kernels[:8]}", flush=True)
             if not launched:
                 raise Reject("kernel_not_launched", f"no call into the candidate's compiled code during forward (extensions: {tracker.modules})")
-            warmup, repeats = job["timing"]
-            timer = timing.Timer(device, job.get("flush_l2", True))
-            snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
-            audit.stream_use.clear()
-            n_viol = len(audit.violations)
-            chan = rounds.Channel(sandbox_fd())
-            stacked = timed_inputs.stack_trials(contents)
-
-            def before_call():
-                if cstate is not None and "l2_reset" not in off:
-                    cstate.reset_persisting_l2()
-
-            def check_call(j, outs):
-                where = f"timed call {j}"
-                check_outputs(outs, where)
-                device_state(where)
-
-            def timed_pass(first: int, count: int) -> dict:
-                try:
-                    kept, _ = rounds.run_rounds(guarded, buffers, stacked, timer, chan, range(first, first + count),
-                                                fresh="fresh_inputs" not in off, trials=contents, before_call=before_call,
-                                                check_call=check_call, after_report=poison_outputs)
-                    rep = chan.request({"kind": "timing_done"})
-                except Reject:
-                    raise
-                except rounds.ProtocolError as e:
-                    raise Reject("timing_protocol", str(e))
-                except Exception as e:
-                    if len(audit.violations) > n_viol:
-                        raise Reject("forbidden_op:" + audit.violations[n_viol], f"timing: {e}")
-                    if cuda and "CUDA error" in str(e):
-                        raise Reject("launch_failed", f"timing: {e}"[:2000])
-                    raise Reject("runtime_error", "timing: " + traceback.format_exc()[-4000:])
-                if not rep.get("ok"):
-                    raise Reject("timing_protocol", str(rep.get("error")))
-                kept["again"] = int(rep.get("again") or 0)
-                return kept
-
-            main = warmup + repeats
-            kept = timed_pass(0, main)
-            again = kept.pop("again")
-            if again:  # the parent saw a median below the physical floor: a second pass, fresh seeds
-                print(f"[candidate] median below the physical floor: {again} more timed calls", flush=True)
-                kept.update(timed_pass(main, again))
-                kept.pop("again", None)
-            if len(audit.violations) > n_viol:
-                raise Reject("fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")
-            if audit.stream_use:
-                raise Reject("side_stream", f"timing: {audit.stream_use[0]} used inside forward")
-            if guards.new_python_threads(base_threads):
-                raise Reject("side_stream", "timing: thread still running after forward returned")
-            check_harness("timing")
+            kept, timed_calls = timed_rounds(ctx, job, buffers, contents)
             lock.close()
             info["locked_s"] = round(time.perf_counter() - t1, 3)
-            info["timed_calls"] = main + again
+            info["timed_calls"] = timed_calls
             print(f"[candidate] setup {t_setup:.2f} s, checks and timing {info['locked_s']:.2f} s", flush=True)
-        _save({"trials": trial_outs, "second": second_outs, "rounds_kept": kept, "trial_reused": reused[:len(trial_outs)]}, job["outputs_path"])
+        ctx.save({"trials": trial_outs, "second": second_outs, "rounds_kept": kept, "trial_reused": ctx.reused[:len(trial_outs)]}, job["outputs_path"])
         return {"reason": "ok", "kernels": kernels[:20], "kernel_times": kernel_times[:10], "ext_calls": tracker.calls, "builds": tracker.builds, **info}
     except Reject as r:
         print(f"[candidate] rejected: {r.reason}: {r.detail}", flush=True)
