@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsynth.render.task_file import check_mode
@@ -359,26 +359,66 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
     if client is not None:
         return _evaluate_on_cluster(pairs, cfg, client, on_result, progress)
     device = cfg.resolved_device()
-    say = _sayer(progress)
-    results: list[EvalResult | None] = [None] * len(pairs)
-    specs: dict[int, CandidateSpec] = {}
+    batch = _Batch(pairs, cfg, device, _sayer(progress), on_result, [None] * len(pairs))
+    _precheck_all(batch)
+    if not batch.specs:
+        return _with_settings([r for r in batch.results], cfg)  # type: ignore[misc]
+    _start_services(cfg, device, batch.say)
+    build_workers = cfg.resolved_build_workers(device)
+    batch.scratches = {i: _tmpdir("opsynth_cand_") for i in batch.specs}
+    for i in batch.specs:
+        batch.by_digest.setdefault(batch.specs[i].digest(), []).append(i)
+    batch.say(f"[reward] {len(batch.specs)} candidate(s), {len(batch.by_digest)} distinct, "
+              f"{len({_task_of(pairs[i]) for i in batch.specs})} task(s) on {device}")
+    try:
+        with ThreadPoolExecutor(max_workers=build_workers) as bpool, ThreadPoolExecutor(
+            max_workers=cfg.resolved_measure_workers(device)
+        ) as mpool:
+            measure_futs = _schedule(batch, bpool, mpool)
+            _collect(batch, measure_futs)
+    finally:
+        _cleanup_batch(batch)
+    return _with_settings([r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device)
+                           for r in batch.results], cfg)
 
-    def report(i, res):
-        if on_result is not None:
+
+@dataclass
+class _Batch:
+    """One local evaluate_many call's shared state: what its worker threads read and fill in."""
+
+    pairs: list
+    cfg: RewardConfig
+    device: str
+    say: object
+    on_result: object
+    results: list
+    specs: dict = field(default_factory=dict)  # index -> CandidateSpec, for those past the precheck
+    scratches: dict = field(default_factory=dict)  # index -> the candidate's scratch folder
+    by_digest: dict = field(default_factory=dict)  # candidate digest -> indices: identical ones build once
+    ref_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its _Reference
+
+    def report(self, i, res):
+        """Hand a result to on_result; progress reporting must never lose a batch."""
+        if self.on_result is not None:
             try:
-                on_result(i, res)
-            except Exception:  # progress reporting must never lose a batch
+                self.on_result(i, res)
+            except Exception:
                 pass
 
-    for i, (_task, cand, _mode) in enumerate(pairs):
-        spec, early = _precheck(cand, cfg, device)
+
+def _precheck_all(batch: _Batch) -> None:
+    """Settle what needs no child (bad or missing candidates) before any service starts."""
+    for i, (_task, cand, _mode) in enumerate(batch.pairs):
+        spec, early = _precheck(cand, batch.cfg, batch.device)
         if early is not None:
-            results[i] = early
-            report(i, early)
+            batch.results[i] = early
+            batch.report(i, early)
         else:
-            specs[i] = spec
-    if not specs:
-        return _with_settings([r for r in results], cfg)  # type: ignore[misc]
+            batch.specs[i] = spec
+
+
+def _start_services(cfg: RewardConfig, device: str, say) -> None:
+    """Device and isolation checked once (one clear error, not one per candidate), then the build service."""
     try:
         cfg.check_device()
     except ValueError as e:
@@ -390,93 +430,100 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
     except RuntimeError as e:
         raise RewardSetupError(str(e)) from None
     build_service(cfg, device, log=say)
-    build_workers = cfg.resolved_build_workers(device)
-    scratches = {i: _tmpdir("opsynth_cand_") for i in specs}
-    by_digest: dict[str, list[int]] = {}
-    for i in specs:
-        by_digest.setdefault(specs[i].digest(), []).append(i)
-    say(f"[reward] {len(specs)} candidate(s), {len(by_digest)} distinct, {len({_task_of(pairs[i]) for i in specs})} task(s) on {device}")
 
-    def build(digest):
-        i = by_digest[digest][0]
-        if not cfg.resolved_prebuild(device):  # the measuring child builds inline
-            from opsynth.runtime.sandbox import ChildResult
 
-            return digest, ChildResult("ok")
-        say(f"[reward] candidate {i}: running its module top level (builds its extensions)")
-        return digest, _build(specs[i], cfg, device, scratches[i])
+def _build_distinct(batch: _Batch, digest):
+    """Run one distinct candidate's module top level in a build child (or leave it to the measuring child)."""
+    i = batch.by_digest[digest][0]
+    if not batch.cfg.resolved_prebuild(batch.device):  # the measuring child builds inline
+        from opsynth.runtime.sandbox import ChildResult
 
-    ref_futs = {}
+        return digest, ChildResult("ok")
+    batch.say(f"[reward] candidate {i}: running its module top level (builds its extensions)")
+    return digest, _build(batch.specs[i], batch.cfg, batch.device, batch.scratches[i])
 
-    def reference(task):
-        say("[reward] reference: Model outputs, eager and torch.compile timings")
-        ref = _prepare_reference(task[0], cfg, device, task[1])
-        say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
-        return ref
 
-    def measure(j, bres):
-        say(f"[reward] candidate {j}: checking and timing")
-        res = _measure_one(j, bres)
-        say(f"[reward] candidate {j}: reward {res.reward} ({res.reason})")
-        report(j, res)
-        return res
+def _reference_task(batch: _Batch, task):
+    """One task's reference run, with a line before and after for progress."""
+    batch.say("[reward] reference: Model outputs, eager and torch.compile timings")
+    ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1])
+    batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
+    return ref
 
-    def _measure_one(j, bres):
-        ref = ref_futs[_task_of(pairs[j])].result()
-        if not ref.ok:
-            return EvalResult.rejected(ref.reason, ref.log, device=device)
-        if bres.reason != "ok":
-            out = EvalResult.rejected(bres.reason, bres.log, device=device)
-            out.details = {k: bres.data[k] for k in ("detail", "builds") if bres.data.get(k) is not None}
-            return out
-        res = _measure(specs[j], ref, cfg, device, scratches[j], bres.log)
-        if bres.data and bres.data.get("build_s") is not None:
-            res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # the module top level, builds included
-            res.times["prebuild_wall_s"] = round(bres.wall_s, 3)  # the whole build child, start to exit
-        if bres.data and bres.data.get("builds"):
-            res.details["builds"] = bres.data["builds"]
-        return res
 
-    try:
-        with ThreadPoolExecutor(max_workers=build_workers) as bpool, ThreadPoolExecutor(
-            max_workers=cfg.resolved_measure_workers(device)
-        ) as mpool:
-            def submit_references():
-                for i in specs:
-                    task = _task_of(pairs[i])
-                    if task not in ref_futs:
-                        ref_futs[task] = mpool.submit(reference, task)
+def _measure_reported(batch: _Batch, j, bres):
+    """Measure candidate j and report its result as soon as it is known."""
+    batch.say(f"[reward] candidate {j}: checking and timing")
+    res = _measure_one(batch, j, bres)
+    batch.say(f"[reward] candidate {j}: reward {res.reward} ({res.reason})")
+    batch.report(j, res)
+    return res
 
-            # On a GPU, builds (CPU) overlap timing (device). On the cpu backend they would share the
-            # cores and skew every baseline and candidate timing, so all builds finish first there.
-            overlap = device != "cpu"
-            if overlap:  # references go first in the measurement queue, so measurements never wait long
-                submit_references()
-            build_futs = [bpool.submit(build, d) for d in by_digest]  # identical candidates build once
-            if not overlap:
-                for fut in build_futs:
-                    fut.exception()  # wait
-                submit_references()
-            measure_futs = {}
-            for fut in as_completed(build_futs):
-                digest, bres = fut.result()
-                for j in by_digest[digest]:
-                    measure_futs[j] = mpool.submit(measure, j, bres)
-            for j, fut in measure_futs.items():
-                try:
-                    results[j] = fut.result()
-                except RewardSetupError:
-                    raise
-                except Exception as e:  # a harness bug must not lose the whole batch
-                    results[j] = EvalResult.rejected("crashed", f"harness error: {type(e).__name__}: {e}", device=device)
-    finally:
-        for s in scratches.values():
-            _cleanup(s, cfg)
-        for f in ref_futs.values():
-            if f.done() and f.exception() is None:
-                _cleanup(f.result().scratch, cfg)
-    return _with_settings([r if r is not None else EvalResult.rejected("crashed", "not evaluated", device=device)
-                           for r in results], cfg)
+
+def _measure_one(batch: _Batch, j, bres):
+    """Candidate j's result: its reference's or build's rejection, else the measuring child's verdict."""
+    device = batch.device
+    ref = batch.ref_futs[_task_of(batch.pairs[j])].result()
+    if not ref.ok:
+        return EvalResult.rejected(ref.reason, ref.log, device=device)
+    if bres.reason != "ok":
+        out = EvalResult.rejected(bres.reason, bres.log, device=device)
+        out.details = {k: bres.data[k] for k in ("detail", "builds") if bres.data.get(k) is not None}
+        return out
+    res = _measure(batch.specs[j], ref, batch.cfg, device, batch.scratches[j], bres.log)
+    if bres.data and bres.data.get("build_s") is not None:
+        res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # the module top level, builds included
+        res.times["prebuild_wall_s"] = round(bres.wall_s, 3)  # the whole build child, start to exit
+    if bres.data and bres.data.get("builds"):
+        res.details["builds"] = bres.data["builds"]
+    return res
+
+
+def _schedule(batch: _Batch, bpool, mpool) -> dict:
+    """Submit references, builds and (as each build finishes) measurements; returns index -> future."""
+
+    def submit_references():
+        for i in batch.specs:
+            task = _task_of(batch.pairs[i])
+            if task not in batch.ref_futs:
+                batch.ref_futs[task] = mpool.submit(_reference_task, batch, task)
+
+    # On a GPU, builds (CPU) overlap timing (device). On the cpu backend they would share the
+    # cores and skew every baseline and candidate timing, so all builds finish first there.
+    overlap = batch.device != "cpu"
+    if overlap:  # references go first in the measurement queue, so measurements never wait long
+        submit_references()
+    build_futs = [bpool.submit(_build_distinct, batch, d) for d in batch.by_digest]  # identical candidates build once
+    if not overlap:
+        for fut in build_futs:
+            fut.exception()  # wait
+        submit_references()
+    measure_futs = {}
+    for fut in as_completed(build_futs):
+        digest, bres = fut.result()
+        for j in batch.by_digest[digest]:
+            measure_futs[j] = mpool.submit(_measure_reported, batch, j, bres)
+    return measure_futs
+
+
+def _collect(batch: _Batch, measure_futs: dict) -> None:
+    """Results into their slots; a harness bug is one candidate's 'crashed', never the batch's loss."""
+    for j, fut in measure_futs.items():
+        try:
+            batch.results[j] = fut.result()
+        except RewardSetupError:
+            raise
+        except Exception as e:  # a harness bug must not lose the whole batch
+            batch.results[j] = EvalResult.rejected("crashed", f"harness error: {type(e).__name__}: {e}", device=batch.device)
+
+
+def _cleanup_batch(batch: _Batch) -> None:
+    """Scratch folders of candidates and of the references that finished."""
+    for s in batch.scratches.values():
+        _cleanup(s, batch.cfg)
+    for f in batch.ref_futs.values():
+        if f.done() and f.exception() is None:
+            _cleanup(f.result().scratch, batch.cfg)
 
 
 def _with_mode(pair) -> tuple:
