@@ -2,7 +2,7 @@
 
 Enforced: the bytes of the outputs, which every correct forward must write, over the device's peak
 memory bandwidth. Reported, not enforced: the task's FLOPs (counted on the reference Model by
-`opsynth.graph.cost.forward_cost`) over the peak throughput for the output dtype. FLOPs are no
+`opsynth.render.cost.forward_cost`) over the peak throughput for the output dtype. FLOPs are no
 floor: an algebraic rewrite (a matmul followed by a sum is a matrix-vector product) legitimately
 does far fewer, and so do reads of inputs a task only slices. A candidate time below the floor is
 re-measured (`opsynth.reward.rounds`) and, when it holds, rejected (`below_physical_floor`).

@@ -76,10 +76,10 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
 
 
 def _flops(model, inputs: list, device: str) -> dict:
-    """FLOPs and bytes of one eager forward (opsynth.graph.cost), for the physical floor's report."""
+    """FLOPs and bytes of one eager forward (opsynth.render.cost), for the physical floor's report."""
     import torch
 
-    from opsynth.graph.cost import forward_cost
+    from opsynth.render.cost import forward_cost
 
     try:
         args = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
