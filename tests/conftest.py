@@ -82,3 +82,21 @@ def kernelbench_parquet() -> Path:
             pytest.fail(f"CI=true: {msg}", pytrace=False)
         pytest.skip(msg)
     return KERNELBENCH_PARQUET
+
+
+@pytest.fixture(scope="session")
+def ordinary_user():
+    """`ordinary_user(uid)`: skip unless this run can become `uid` (root) and that uid can make a
+    user namespace, as an ordinary user's evaluator does."""
+    import subprocess
+
+    def check(uid: int) -> int:
+        if os.getuid() != 0:
+            pytest.skip("making an ordinary user's evaluator needs root to switch to it")
+        probe = subprocess.run(["unshare", "-U", "-m", "--map-current-user", "true"], capture_output=True,
+                               preexec_fn=lambda: os.setresuid(uid, uid, uid))
+        if probe.returncode != 0:
+            pytest.skip(f"unprivileged user namespaces are off here: {probe.stderr.decode()[-200:]}")
+        return uid
+
+    return check

@@ -45,13 +45,8 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.fixture
-def user_home(tmp_path):
-    if os.getuid() != 0:
-        pytest.skip("making an ordinary user's evaluator needs root to switch to it")
-    probe = subprocess.run(["unshare", "-U", "-m", "--map-current-user", "true"], capture_output=True,
-                           preexec_fn=lambda: os.setresuid(UID, UID, UID))
-    if probe.returncode != 0:
-        pytest.skip(f"unprivileged user namespaces are off here: {probe.stderr.decode()[-200:]}")
+def user_home(tmp_path, ordinary_user):
+    ordinary_user(UID)
     home = tmp_path / "home"
     tmp = home / "tmp"  # below the home: the scratch folder is then two private folders down
     secret = home / ".cache" / "huggingface" / "token"

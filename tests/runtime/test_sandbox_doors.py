@@ -161,13 +161,8 @@ def as_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def as_user(tmp_path_factory):
-    if os.getuid() != 0:
-        pytest.skip("making an ordinary user's evaluator needs root to switch to it")
-    probe = subprocess.run(["unshare", "-U", "-m", "--map-current-user", "true"], capture_output=True,
-                           preexec_fn=lambda: os.setresuid(UNPRIVILEGED_UID, UNPRIVILEGED_UID, UNPRIVILEGED_UID))
-    if probe.returncode != 0:
-        pytest.skip(f"unprivileged user namespaces are off here: {probe.stderr.decode()[-200:]}")
+def as_user(tmp_path_factory, ordinary_user):
+    ordinary_user(UNPRIVILEGED_UID)
     return _confined_session(tmp_path_factory.mktemp("doors_user"), UNPRIVILEGED_UID)
 
 

@@ -188,17 +188,11 @@ print(json.dumps({{"uid": os.getuid(), "reasons": [r.reason for r in results], "
 
 
 @pytest.mark.slow
-def test_as_an_ordinary_user_every_attempt_fails_too(listener, tmp_path):
+def test_as_an_ordinary_user_every_attempt_fails_too(listener, tmp_path, ordinary_user):
     """An ordinary user's pool: the worker keeps its uid inside a user namespace of its own."""
     import subprocess
 
-    uid = 1_990_000_124
-    if os.getuid() != 0:
-        pytest.skip("making an ordinary user's pool needs root to switch to it")
-    probe = subprocess.run(["unshare", "-U", "-m", "--map-current-user", "true"], capture_output=True,
-                           preexec_fn=lambda: os.setresuid(uid, uid, uid))
-    if probe.returncode != 0:
-        pytest.skip(f"unprivileged user namespaces are off here: {probe.stderr.decode()[-200:]}")
+    uid = ordinary_user(1_990_000_124)
     port, got = listener
     got.clear()
     here = Path(__file__).resolve().parent
