@@ -158,11 +158,14 @@ class RoundSession:
                 return {"ok": True, "again": 0}
             return self._fail(f"unknown timing message {kind!r}")
 
+    def timed(self, main: bool = True) -> range:
+        """The rounds whose median is a pass's time: the main pass less its warm-up, or the re-measure."""
+        p = self.plan
+        return range(p.warmup, p.main) if main else range(p.main, self.end or p.main)
+
     def median(self, main: bool = True) -> float:
         """Median claimed ms of the timed rounds (main pass, warm-up excluded; or the re-measure)."""
-        p = self.plan
-        idx = range(p.warmup, p.main) if main else range(p.main, self.end or p.main)
-        return statistics.median(self.claims[j] for j in idx)
+        return statistics.median(self.claims[j] for j in self.timed(main))
 
     def overheads(self) -> list[float]:
         """Per round, the parent's ms beyond the claimed time, over the whole round."""
@@ -250,8 +253,7 @@ def plausible(session: RoundSession, reference: RoundSession) -> tuple[bool, str
     set the reported median must each spend beyond their claimed time more than the reference
     child's rounds (the same code) typically spend, and more than the claim itself, before the clock
     is called patched (`lower_half_min_excess`)."""
-    p = session.plan
-    timed = range(p.main, session.end) if session.again and session.end else range(p.warmup, p.main)
+    timed = session.timed(main=not session.again)  # the pass whose median is reported
     claimed = statistics.median(session.claims[j] for j in timed if j in session.claims)
     for label, cand, ref, slack, factor in (
             ("around the call", session.call_wall, reference.call_overheads(), CALL_SLACK_MS, 1.0),
