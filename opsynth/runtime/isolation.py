@@ -319,9 +319,10 @@ def expose(paths: list[str], writable: list[str] = (), uid: int | None = None, p
         up = above(c)
         if up is not None and not any(_inside(c, [p]) for p in groups.get(up, [])):
             groups.setdefault(up, []).append(c)
-    for c in covered:
-        if c not in groups and (above(c) is None or any(_inside(c, [p]) for p in groups.get(above(c), []))):
-            groups[c] = []  # nothing needed below it: an empty skeleton
+    for c in covered - set(groups):
+        up = above(c)
+        if up is None or any(_inside(c, [p]) for p in groups.get(up, [])):
+            groups[c] = []  # nothing needed below it, but in view: an empty skeleton
     for c in groups:
         groups[c] = [p for p in groups[c] if not any(o != p and _inside(p, [o]) for o in groups[c])]
     for b in sorted(groups, key=len):
