@@ -14,6 +14,16 @@ timeout ${LIMIT_S:-540} python3 benchmarks/audit_run.py --n-tasks "$N" --folder 
   --out "$OUT/audit_run_h200.json" > "$OUT/audit_run_h200.log" 2>&1
 echo "audit_run rc=$? at ${SECONDS}s"; tail -30 "$OUT/audit_run_h200.log"
 for f in summary.json card.md README.md; do [ -f /tmp/audit-run-$N/$f ] && cp /tmp/audit-run-$N/$f "$OUT/generate_$f"; done
-[ -d /tmp/audit-run-$N/audit ] && cp /tmp/audit-run-$N/audit/audit.json "$OUT/" 2>/dev/null
+[ -d /tmp/audit-run-$N/audit ] && cp /tmp/audit-run-$N/audit/audit.json /tmp/audit-run-$N/audit/verdicts.parquet "$OUT/" 2>/dev/null
+python3 - "$OUT/verdicts.parquet" <<'PY' 2>/dev/null || true
+import sys, collections, pyarrow.parquet as pq
+v = pq.read_table(sys.argv[1]).to_pylist()
+by = collections.defaultdict(list)
+for r in v:
+    if r["reason"]:
+        by[r["reason"]].append(r)
+for reason, rs in by.items():
+    print(f"{reason}: {len(rs)}; first: {(rs[0]['detail'] or '')[:300]}")
+PY
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
 exit 0

@@ -80,3 +80,62 @@ def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+def share_lock_paths(lock_file: str) -> tuple[str, str]:
+    """The two files of a device's memory lock (beside its timing lock): the gate and the share."""
+    return f"{lock_file}.gate", f"{lock_file}.share"
+
+
+def _open_lock(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # a confined worker sees the lock folder read-only: flock needs no write access
+        return os.open(path, os.O_RDONLY)
+
+
+def _flock(fd: int, op: int, on_wait: Callable[[], None] | None, waited: list[bool]) -> None:
+    try:
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if on_wait and not waited:
+            on_wait()
+        waited.append(True)
+        fcntl.flock(fd, op)
+
+
+@contextmanager
+def device_share(lock_file: str | None, exclusive: bool, on_wait: Callable[[], None] | None = None,
+                 on_acquired: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold a device's memory: shared by ordinary requests, whole for one that must run alone (the
+    verifier's retry of a request that ran out of GPU memory beside the others). The timing lock
+    alone does not give that: the other workers' checks go on allocating while one worker times.
+
+    A writer-preferring reader/writer lock from two flock files (flock has no writer preference of
+    its own, so a steady stream of shared holders would starve the exclusive one): a sharer passes
+    the gate, takes the share lock shared, and leaves the gate; the exclusive holder keeps the gate,
+    so no new sharer enters, and takes the share lock exclusively once the sharers inside are done.
+    Lock order is gate, share, then the timing lock, for both kinds, so no cycle can form."""
+    if lock_file is None:
+        yield
+        return
+    gate_path, share_path = share_lock_paths(lock_file)
+    gate, share = _open_lock(gate_path), _open_lock(share_path)
+    waited: list[bool] = []
+    try:
+        _flock(gate, fcntl.LOCK_EX, on_wait, waited)
+        try:
+            _flock(share, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, on_wait, waited)
+        finally:
+            if not exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        if waited and on_acquired:
+            on_acquired()
+        yield
+    finally:
+        try:
+            fcntl.flock(share, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        finally:
+            os.close(share)
+            os.close(gate)

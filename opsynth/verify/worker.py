@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 from . import protocol
 from .config import VerifyConfig
+from opsynth.runtime.device_lock import device_share
 from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, median_ms
 
 # Reasons after which the worker's state cannot be trusted (a poisoned CUDA context, a task that
@@ -183,6 +184,19 @@ class Worker:
                 yield
             finally:
                 self._lock_depth -= 1
+
+    def memory_share(self, exclusive: bool):
+        """On CUDA, the device's memory for this request: shared with the other workers' requests,
+        or whole for a request retried after running out of GPU memory beside them
+        (`opsynth.runtime.device_lock.device_share`). Off on CPU (each worker has its own address-space
+        limit) and without the shared lock folder."""
+        if self.device != "cuda" or self.lock_file is None:
+            return nullcontext()
+        return device_share(
+            self.lock_file, exclusive,
+            on_wait=lambda: protocol.send(self.resp_fd, {"event": "pause", "kind": "lock"}),
+            on_acquired=lambda: protocol.send(self.resp_fd, {"event": "resume"}),
+        )
 
     def _time(self, fn, since: float) -> tuple[float, int]:
         """Median of ``fn``; the time from ``since`` to here is recorded as the request's checks
@@ -349,10 +363,10 @@ class Worker:
         self.sections, self.lock_wait_s, self._compiling = [], 0.0, op == "compile"
         started = time.time()
         try:
-            ctx = self.timing_lock() if msg.get("exclusive") else nullcontext()
-            with ctx:
-                if msg.get("exclusive"):  # the whole request holds the device: count its wait
-                    self.lock_wait_s, started = time.time() - started, time.time()
+            exclusive = bool(msg.get("exclusive"))
+            with self.memory_share(exclusive), (self.timing_lock() if exclusive else nullcontext()):
+                waited = time.time() - started  # the memory lock's wait, and the timing lock's when exclusive
+                self.lock_wait_s, started = waited, time.time()
                 if op == "eager":
                     data = self.eager(msg["source"])
                 elif op == "compile":

@@ -41,3 +41,96 @@ def test_the_childs_lock_function_is_bound_where_the_harness_snapshot_sees_it():
     from opsynth.runtime import sandbox
 
     assert sandbox.device_lock.__defaults__ == (device_lock.file_lock,)
+
+
+# --- the memory lock: one verifier request can have the GPU to itself (its out-of-memory retry) -----
+
+def _hold(path: str, exclusive: bool, hold_s: float, log: str, name: str, ready=None) -> None:
+    import time
+
+    from opsynth.runtime.device_lock import device_share
+
+    with device_share(path, exclusive):
+        with open(log, "a") as f:
+            f.write(f"{name} in {time.monotonic():.4f}\n")
+        if ready is not None:
+            ready.set()
+        time.sleep(hold_s)
+        with open(log, "a") as f:
+            f.write(f"{name} out {time.monotonic():.4f}\n")
+
+
+def _spans(log) -> dict[str, tuple[float, float]]:
+    spans: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines():
+        name, what, t = line.split()
+        spans.setdefault(name, [0.0, 0.0])[0 if what == "in" else 1] = float(t)
+    return {k: (a, b) for k, (a, b) in spans.items()}
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_sharers_overlap_and_an_exclusive_holder_runs_alone_before_later_sharers(tmp_path):
+    """Two sharers run together; an exclusive request waits for them and then runs alone; a sharer
+    arriving while it waits does not overtake it (flock alone would let a stream of sharers starve it)."""
+    import multiprocessing as mp
+    import time
+
+    ctx = mp.get_context("spawn")
+    path, log = str(tmp_path / "cuda0.lock"), tmp_path / "log"
+    ready = [ctx.Event(), ctx.Event()]
+    first = [ctx.Process(target=_hold, args=(path, False, 1.0, str(log), f"s{i}", ready[i])) for i in range(2)]
+    for p in first:
+        p.start()
+    for r in ready:
+        assert r.wait(60)
+    whole = ctx.Process(target=_hold, args=(path, True, 0.5, str(log), "x"))
+    whole.start()
+    time.sleep(0.3)  # the exclusive one is waiting at the share lock, holding the gate
+    late = ctx.Process(target=_hold, args=(path, False, 0.1, str(log), "late"))
+    late.start()
+    for p in [*first, whole, late]:
+        p.join(60)
+        assert p.exitcode == 0
+    spans = _spans(log)
+    assert _overlap(spans["s0"], spans["s1"]), spans  # ordinary requests share the device
+    for other in ("s0", "s1", "late"):
+        assert not _overlap(spans["x"], spans[other]), (other, spans)
+    assert spans["late"][0] >= spans["x"][1], spans  # the exclusive request was not starved
+
+
+def test_without_the_gate_a_late_sharer_overtakes_the_waiting_exclusive_holder(tmp_path, monkeypatch):
+    """The control: with the share lock alone (no gate), a sharer that arrives while the exclusive
+    request waits gets in first, which is how a steady stream of sharers starves it."""
+    import fcntl
+    import multiprocessing as mp
+    import time
+
+    ctx = mp.get_context("spawn")
+    share = str(tmp_path / "share")
+    fd = os.open(share, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a sharer inside
+    order = tmp_path / "order"
+    whole = ctx.Process(target=_flock_and_log, args=(share, fcntl.LOCK_EX, str(order), "x"))
+    whole.start()
+    time.sleep(0.3)
+    late = ctx.Process(target=_flock_and_log, args=(share, fcntl.LOCK_SH, str(order), "late"))
+    late.start()
+    late.join(30)
+    assert order.read_text().split() == ["late"]  # it got in while the exclusive request still waits
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    whole.join(30)
+    assert order.read_text().split() == ["late", "x"]
+
+
+def _flock_and_log(path: str, op: int, log: str, name: str) -> None:
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, op)
+    with open(log, "a") as f:
+        f.write(name + "\n")
+    fcntl.flock(fd, fcntl.LOCK_UN)
