@@ -10,17 +10,17 @@ environment's verdict comes back and the policy revises it. The table puts singl
 program) and multi-turn results side by side, one column per turn: the program an episode holds
 after t turns (an episode that reached reward 3 keeps that program).
 
-Run: `python -m opsynth.train.score --shards DIR --split heldout --candidates DIR` or
+Run: `python -m pipelines.score --shards DIR --split heldout --candidates DIR` or
 `--policy PATH_OR_ID [--turns 3]`, or `python -m pipelines.evaluate mode=score ...`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
+import sys
 from collections import Counter
 from typing import Any, Iterable
 
@@ -290,39 +290,7 @@ def run_settings(s: ScoreSettings, eval_cfg: Any = None, build_workers: int | No
                  temperature=s.temperature, turns=s.turns)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """The command line; a bad argument or shards without tasks: one `error:` line, exit 2."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shards", required=True)
-    p.add_argument("--split", default="heldout", choices=["train", "heldout", "all"])
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--candidates")
-    g.add_argument("--policy")
-    p.add_argument("--heldout-fraction", type=float, default=0.1)
-    p.add_argument("--limit", type=int)
-    p.add_argument("--build-workers", type=int, help="parallel candidate builds (default: half the cores)")
-    p.add_argument("--samples-per-task", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=1024)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--turns", type=int, default=3, help="turns per episode for a policy (1: single-turn only)")
-    p.add_argument("--out")
-    a = p.parse_args(argv)
-    s = ScoreSettings(shards=a.shards, split=a.split, policy=a.policy, candidates=a.candidates,
-                      heldout_fraction=a.heldout_fraction, limit=a.limit, turns=a.turns,
-                      samples_per_task=a.samples_per_task, max_new_tokens=a.max_new_tokens,
-                      temperature=a.temperature, out=a.out)
-    from opsynth import cli
-    from opsynth.train.data import TrainDataError
-
-    try:
-        s.check()
-    except ValueError as e:
-        cli.fail(str(e))
-    try:
-        return run_settings(s, build_workers=a.build_workers)
-    except (TrainDataError, OSError) as e:  # shards that give no tasks, a policy that does not load: one line
-        cli.fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the command moved to the shared front (pipelines/), where its one-line errors live
+    sys.stderr.write("error: the score command is `python -m pipelines.score` (same arguments), or "
+                     "`python -m pipelines.evaluate mode=score`\n")
+    sys.exit(2)

@@ -165,7 +165,7 @@ def test_score_command_on_a_small_folder_says_why_heldout_is_empty_and_scores_al
     8 tasks at heldout_fraction=0.1 may hold none out; the line says so and what to do, and the
     other splits score as documented."""
     (tmp_path / "none").mkdir()  # no candidate files: every task scores -1 without an evaluation
-    base = ["-m", "opsynth.train.score", "--shards", eight_tasks, "--candidates", str(tmp_path / "none")]
+    base = ["-m", "pipelines.score", "--shards", eight_tasks, "--candidates", str(tmp_path / "none")]
     _one_line_error(_cli(*base, "--split", "heldout"), "none of its 8 tasks falls in the held-out 10%",
                     "split all", "larger heldout_fraction")
     p = _cli(*base, "--split", "all")
@@ -176,8 +176,12 @@ def test_score_command_on_a_small_folder_says_why_heldout_is_empty_and_scores_al
     assert "on heldout (" in p.stdout, p.stdout
 
 
+def test_the_old_score_command_names_the_new_one(tmp_path):
+    _one_line_error(_cli("-m", "opsynth.train.score", "--shards", str(tmp_path)), "python -m pipelines.score")
+
+
 def test_score_command_mistakes_are_one_line(tmp_path):
-    _one_line_error(_cli("-m", "opsynth.train.score", "--shards", str(tmp_path / "nope"), "--candidates", str(tmp_path)),
+    _one_line_error(_cli("-m", "pipelines.score", "--shards", str(tmp_path / "nope"), "--candidates", str(tmp_path)),
                     "nope")
 
 
