@@ -122,6 +122,14 @@ def room_cycles(found: list[Import]) -> list[list[str]]:
     return cycles
 
 
+def module_cycles(found: list[Import]) -> list[list[str]]:
+    """Cycles between modules (a package counts as its `__init__`), inside a room too."""
+    import networkx as nx
+
+    graph = nx.DiGraph((i.importer, i.imported) for i in found if i.importer != i.imported)
+    return sorted(sorted(c) for c in nx.simple_cycles(graph))
+
+
 # --- the real tree ---------------------------------------------------------------------------------
 
 def test_every_room_of_the_package_is_in_the_house_table():
@@ -141,6 +149,11 @@ def test_no_import_runs_against_the_house_table():
 
 def test_no_import_cycle_joins_two_rooms():
     assert room_cycles(imports_in(REPO)) == []
+
+
+def test_no_import_cycle_joins_two_modules():
+    """Inside a room too (the sandbox and its fork server, evaluate and the build service were one)."""
+    assert module_cycles(imports_in(REPO)) == []
 
 
 # --- planted trees: the checker must find what it is for -----------------------------------------
@@ -206,3 +219,12 @@ def test_a_planted_cycle_between_rooms_is_found(tmp_path):
         "opsynth/graph/b.py": "def f():\n    import opsynth.verify.a\n",
     })
     assert room_cycles(imports_in(root)) == [["graph", "verify", "graph"]]
+
+
+def test_a_planted_cycle_inside_a_room_is_found(tmp_path):
+    root = _tree(tmp_path, {
+        "opsynth/runtime/a.py": "from opsynth.runtime import b\n",
+        "opsynth/runtime/b.py": "def f():\n    from opsynth.runtime.a import g\n",
+    })
+    assert room_cycles(imports_in(root)) == []
+    assert module_cycles(imports_in(root)) == [["opsynth.runtime.a", "opsynth.runtime.b"]]

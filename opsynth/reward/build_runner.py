@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from opsynth.runtime.sandbox import child_main
+from opsynth.runtime.child import child_main
 
 
 def _no_import(name, path, is_python_module):

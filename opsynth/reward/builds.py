@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opsynth.reward.eval_types import RewardConfig
+
 # Arguments of torch's load_inline / load that reach the build; the rest (verbose, build_directory)
 # are the harness's business, and `use_pch` too: torch's own PCH is written into torch's install
 # folder, where every later build would read it (the service has its own, built by itself: `pch`).
@@ -102,6 +104,17 @@ def find_ccache(setting) -> str | None:
     return os.environ.get("OPSYNTH_CCACHE") or shutil.which("ccache")
 
 
+CCACHE_DIR_ENV = "OPSYNTH_RL_CCACHE_DIR"
+
+
+def ccache_dir(cache_dir: str | os.PathLike) -> Path:
+    """ccache's folder: $OPSYNTH_RL_CCACHE_DIR when set (one compiler cache for several reward caches:
+    a test session, several runs on one host), else the reward cache's own `ccache/`. Build children
+    write it either way (a translation unit's object is the compiler's output), so a shared folder
+    is shared trust: set it only for caches that trust each other's builds."""
+    return Path(os.environ.get(CCACHE_DIR_ENV) or Path(cache_dir) / "ccache")
+
+
 def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
     """Environment for a build child: ccache as the compilers' launcher, its cache under the reward cache.
 
@@ -124,7 +137,7 @@ def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
     env = {
         "CXX": str(launcher),
         "TORCH_NO_COMPILER_WRAPPER": "1",
-        "CCACHE_DIR": str(cache_dir / "ccache"),
+        "CCACHE_DIR": str(ccache_dir(cache_dir)),
         "CCACHE_CONFIGPATH": _ccache_conf(cache_dir),
         # Paths differ per build folder: make them relative so equal sources hash equal.
         "CCACHE_BASEDIR": os.path.realpath(tempfile.gettempdir()),
@@ -159,7 +172,7 @@ def ccache_stats(ccache: str | None, cache_dir: Path) -> dict:
         return {}
     try:
         out = subprocess.run([ccache, "--print-stats"], capture_output=True, text=True, timeout=30,
-                             env={**os.environ, "CCACHE_DIR": str(cache_dir / "ccache"),
+                             env={**os.environ, "CCACHE_DIR": str(ccache_dir(cache_dir)),
                                   "CCACHE_CONFIGPATH": _ccache_conf(cache_dir)}).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
@@ -193,14 +206,14 @@ class BuildService:
         self.ccache = find_ccache(getattr(cfg, "ccache", "auto"))
         self.env = compiler_env(self.cache_dir, self.ccache)
         if self.ccache:
-            (self.cache_dir / "ccache").mkdir(parents=True, exist_ok=True)
+            ccache_dir(self.cache_dir).mkdir(parents=True, exist_ok=True)
         self.stats = BuildStats()
         self._ids = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._pch_threads: dict[str, threading.Thread] = {}
         self.log = log or (lambda msg: None)
-        self.remote = None  # a Dask client: builds then run on any worker (evaluate.remote_build)
+        self.remote = None  # a Dask client: builds then run on any worker (remote_build, below)
 
     def session(self) -> "BuildSession":
         """A build handler for one child (`run_child(build_handler=...)`) that remembers refusals."""
@@ -332,8 +345,6 @@ class BuildService:
     def _build_remote(self, req: dict, key: str, name: str) -> dict:
         import dataclasses
 
-        from opsynth.reward.evaluate import remote_build
-
         t0 = time.perf_counter()
         reply = self.remote.submit(remote_build, req, dataclasses.asdict(self.cfg), self.device, pure=False).result()
         wall = time.perf_counter() - t0
@@ -370,7 +381,7 @@ class BuildService:
                 "device": self.device,
                 "result_path": str(scratch / "build_result.json"),
             }
-            writable = [str(self.cache_dir / "ccache")] if self.ccache else []
+            writable = [str(ccache_dir(self.cache_dir))] if self.ccache else []
             res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=RUNNERS,
                             writable=writable, env_extra=self.env, shared_ids=True,
                             readable=[pch_dir] if pch_dir else [])
@@ -420,3 +431,29 @@ class BuildSession:
         detail = f"{self.refused}: refused by the build service before any compiler ran"
         data = {**(res.data or {}), "reason": self.refused, "detail": detail}
         return dataclasses.replace(res, reason=self.refused, data=data, log=(res.log + "\n[reward] " + detail).strip())
+
+
+_services: dict = {}
+_services_lock = threading.Lock()
+
+
+def build_service(cfg: RewardConfig, device: str, log=None):
+    """The build service of this process for a cache and device (one, shared by every batch)."""
+    key = (str(cfg.resolved_cache_dir()), device, str(cfg.ccache), cfg.shared_pch)
+    with _services_lock:
+        svc = _services.get(key)
+        if svc is None:
+            svc = _services[key] = BuildService(cfg, device, log=log)
+        elif log is not None:
+            svc.log = log
+        return svc
+
+
+def remote_build(raw: dict, cfg_dict: dict, device: str) -> dict:
+    """On any Dask worker: one trusted build; the library travels back as bytes."""
+    cfg = RewardConfig.from_dict(cfg_dict)
+    svc = build_service(cfg, device)
+    reply = svc.handle(raw)
+    if reply.get("ok"):
+        reply["so_bytes"] = (Path(reply["dir"]) / f"{reply['name']}.so").read_bytes()
+    return reply

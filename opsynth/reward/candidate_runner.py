@@ -17,9 +17,9 @@ import types
 from contextlib import ExitStack
 
 from opsynth.reward.compare import as_output_list as _outputs_list
-from opsynth.runtime.sandbox import child_main, device_lock
+from opsynth.runtime.child import child_main, device_lock
 
-_T_IMPORT = time.perf_counter()  # child start: setup_s counts from here (reset at each fork by sandbox.run_job)
+_T_IMPORT = time.perf_counter()  # child start: setup_s counts from here (reset at each fork by child.run_job)
 
 CUDA_LIBRARY_KERNELS = ("at::", "at_cuda_detail", "cublas", "cutlass", "gemm", "gemv", "xmma", "nvjet", "cudnn", "Memcpy", "Memset", "cub::", "splitKreduce")
 
@@ -37,9 +37,9 @@ def _install(job):
 
     audit = guards.OpAudit()
     guards.Blocker(audit).install()
-    from opsynth.runtime import sandbox
+    from opsynth.runtime import child
 
-    tracker = guards.ExtensionTracker(audit, sandbox.BUILD_FD)  # builds go to the trusted build service
+    tracker = guards.ExtensionTracker(audit, child.BUILD_FD)  # builds go to the trusted build service
     tracker.install()
     audit.__enter__()  # stays on the mode stack for the child's life; it only acts while armed
     return torch, guards, audit, tracker
@@ -127,9 +127,9 @@ def _same_bits(torch, a, b) -> bool:
 
 
 def sandbox_fd():
-    from opsynth.runtime import sandbox
+    from opsynth.runtime import child
 
-    return sandbox.BUILD_FD
+    return child.BUILD_FD
 
 
 def _prepare(job) -> types.SimpleNamespace:

@@ -29,7 +29,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from opsynth.render.task_file import check_mode
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
+from opsynth.reward.builds import build_service, remote_build  # noqa: F401 - remote_build: the Dask task's name
 from opsynth.reward.eval_types import EvalResult, RewardConfig, reward_from_times
 
 __all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
@@ -63,24 +63,6 @@ class _Reference:
 
 def _tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
-
-
-_services: dict = {}
-_services_lock = threading.Lock()
-
-
-def build_service(cfg: RewardConfig, device: str, log=None):
-    """The build service of this process for a cache and device (one, shared by every batch)."""
-    from opsynth.reward.builds import BuildService
-
-    key = (str(cfg.resolved_cache_dir()), device, str(cfg.ccache), cfg.shared_pch)
-    with _services_lock:
-        svc = _services.get(key)
-        if svc is None:
-            svc = _services[key] = BuildService(cfg, device, log=log)
-        elif log is not None:
-            svc.log = log
-        return svc
 
 
 def _lock_path(cfg: RewardConfig, device: str) -> str:
@@ -586,16 +568,6 @@ def _worker_evaluate(chunk: list, cfg_dict: dict) -> list[dict]:
         svc = build_service(cfg, cfg.resolved_device())
         svc.remote = get_client()
     return [r.to_dict() for r in evaluate_many(chunk, cfg)]
-
-
-def remote_build(raw: dict, cfg_dict: dict, device: str) -> dict:
-    """On any Dask worker: one trusted build; the library travels back as bytes."""
-    cfg = RewardConfig.from_dict(cfg_dict)
-    svc = build_service(cfg, device)
-    reply = svc.handle(raw)
-    if reply.get("ok"):
-        reply["so_bytes"] = (Path(reply["dir"]) / f"{reply['name']}.so").read_bytes()
-    return reply
 
 
 def _evaluate_on_cluster(pairs: list, cfg: RewardConfig, client, on_result, progress) -> list[EvalResult]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 
-from opsynth.runtime.sandbox import child_main, device_lock
+from opsynth.runtime.child import child_main, device_lock
 
 
 def _to_cpu(x):
@@ -45,7 +45,7 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
     The same code as the candidate's rounds, so the parent's clock sees the same overhead."""
     import torch
 
-    from opsynth.runtime import sandbox
+    from opsynth.runtime import child
     from opsynth.reward.guards import poison_fill
     from opsynth.reward.rounds import Channel, run_rounds
     from opsynth.reward.timed_inputs import stack_trials, tolerance
@@ -67,7 +67,7 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
             poison_fill(o)  # as the candidate's rounds do
 
     timer = Timer(device, job.get("flush_l2", True))
-    chan = Channel(sandbox.BUILD_FD)
+    chan = Channel(child.BUILD_FD)
     with torch.no_grad():
         kept, fps = run_rounds(model, buffers, stacked, timer, chan, range(len(plan["seeds"])), check_call=check, after_report=after)
     chan.request({"kind": "timing_done"})

@@ -96,7 +96,7 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
                 tuple(iso["ids"]) if iso.get("ids") else None, iso.get("syscall_filter", True), iso.get("private"),
             )
             os.chdir(req["cwd"])  # again: the old working folder is the one from before its writable bind
-        from opsynth.runtime.sandbox import run_job
+        from opsynth.runtime.child import run_job
 
         run_job(req["module"], req["job_path"], build_fd=fds.get("build"))
         code = 0

@@ -36,11 +36,11 @@ def test_verifier_and_reward_lock_the_same_file_in_a_non_default_folder(tmp_path
 
 
 def test_the_childs_lock_function_is_bound_where_the_harness_snapshot_sees_it():
-    """`sandbox.device_lock` takes the flock from its defaults (watched by the reward's harness
+    """`child.device_lock` takes the flock from its defaults (watched by the reward's harness
     snapshot), not from a module global a candidate could rebind unseen."""
-    from opsynth.runtime import sandbox
+    from opsynth.runtime import child
 
-    assert sandbox.device_lock.__defaults__ == (device_lock.file_lock,)
+    assert child.device_lock.__defaults__ == (device_lock.file_lock,)
 
 
 # --- the memory lock: one verifier request can have the GPU to itself (its out-of-memory retry) -----

@@ -1,0 +1,77 @@
+"""The child side of a confined job: what a forked child runs before and around the untrusted work.
+
+`run_job` is the fork server's entry for each child (opsynth.runtime.forkserver); a runner module
+(opsynth.reward.candidate_runner, reference_runner, build_runner) calls `child_main(run)`, which
+reads the job, sets the limits, runs it and writes the verdict whatever the untrusted code did.
+Kept apart from opsynth.runtime.sandbox (the parent side, which starts the fork server) so that
+neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+from opsynth.runtime.device_lock import file_lock
+
+
+def apply_limits(job: dict) -> None:
+    """Limits the child sets on itself before running untrusted code."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    timeout = float(job.get("timeout_s") or 600)
+    cpu = int(timeout * max(2, os.cpu_count() or 2)) + 60
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    fsize = 16 * 2**30
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    if job.get("device") == "cpu" and job.get("memory_limit_gb"):
+        # CUDA reserves terabytes of address space, so an address-space cap only fits the cpu backend.
+        cap = int(float(job["memory_limit_gb"]) * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def device_lock(job: dict, _file_lock=file_lock):
+    """Exclusive use of the device for the timed and checked part of a child's work (the one lock
+    per physical GPU, `opsynth.runtime.device_lock`). The flock is bound as a default argument: the
+    reward's harness snapshot watches this function's defaults, so a candidate that rebinds the
+    lock function to skip the lock is seen."""
+    return _file_lock(job.get("device_lock") or None)
+
+
+BUILD_FD: int | None = None  # the child's end of its build channel, when it has one
+
+
+def run_job(module: str, job_path: str, build_fd: int | None = None) -> None:
+    """Entry of a forked child: import the runner (already warm) and run it."""
+    import importlib
+
+    global BUILD_FD
+    BUILD_FD = build_fd
+    mod = importlib.import_module(module)
+    if hasattr(mod, "_T_IMPORT"):
+        mod._T_IMPORT = time.perf_counter()  # this child's start, not the fork server's
+    child_main(mod.run, job_path)
+
+
+def child_main(fn, job_path: str | None = None) -> None:
+    """Read the job, apply limits, call fn(job) -> dict, write the verdict, exit without teardown."""
+    job_path = Path(job_path or sys.argv[1])
+    job = json.loads(job_path.read_text())
+    apply_limits(job)
+    result_path = Path(job["result_path"])
+    try:
+        data = fn(job)
+    except BaseException as e:  # the verdict must be written whatever the untrusted code did
+        import traceback
+
+        traceback.print_exc()
+        data = {"reason": "crashed", "error": f"{type(e).__name__}: {e}"[:2000]}
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: untrusted atexit hooks and extension destructors
