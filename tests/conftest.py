@@ -20,15 +20,19 @@ KERNELBENCH_PARQUET = Path(
 def pytest_configure(config):
     # One shared precompiled torch/extension.h for every reward cache the suite creates (each PCH is
     # ~40 s of gcc and ~800 MB; per test cache they would cost minutes and gigabytes).
-    if not os.environ.get("OPSYNTH_RL_PCH_DIR"):
-        d = tempfile.mkdtemp(prefix="opsynth_test_pch_")
-        os.environ["OPSYNTH_RL_PCH_DIR"] = d
-        config._opsynth_pch_dir = d
+    # Likewise one compiler cache: the test candidates share an extension source, and its ~90 s build
+    # (pybind11 bindings on 2 cores) was paid again by every module that makes a fresh reward cache.
+    # Tests that look at a cache's own compiler cache clear the setting (monkeypatch.delenv).
+    config._opsynth_shared_dirs = []
+    for var, prefix in (("OPSYNTH_RL_PCH_DIR", "opsynth_test_pch_"), ("OPSYNTH_RL_CCACHE_DIR", "opsynth_test_ccache_")):
+        if not os.environ.get(var):
+            d = tempfile.mkdtemp(prefix=prefix)
+            os.environ[var] = d
+            config._opsynth_shared_dirs.append(d)
 
 
 def pytest_unconfigure(config):
-    d = getattr(config, "_opsynth_pch_dir", None)
-    if d:
+    for d in getattr(config, "_opsynth_shared_dirs", []):
         shutil.rmtree(d, ignore_errors=True)
 
 

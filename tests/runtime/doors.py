@@ -25,6 +25,7 @@ DOORS = (
 _CPP = r'''
 #include <torch/extension.h>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <fcntl.h>
@@ -41,13 +42,29 @@ _CPP = r'''
 #define MNT_DETACH 2
 #endif
 
-static const char* CACHE = "@CACHE@";
-static const char* PKG = "@PKG@";
-static const char* TAG = "@TAG@";
-static const int TARGET = @TARGET@;
-static const bool SAFE = @SAFE@;
-static const char* SECRET = "@SECRET@";
-static const char* SIBLING = "@SIBLING@";
+// The settings come from `door_params.txt` in the working folder (the candidate's scratch), which
+// the candidate's Python writes before it loads this library: the C++ text is then the same for
+// every door candidate of the suite, so the reward's build cache and ccache build it once.
+static std::string CACHE, CCACHE, PKG, TAG, SECRET = "/nonexistent", SIBLING = "/nonexistent";
+static int TARGET = -1;
+static bool SAFE = true;
+
+static bool load_params() {
+    FILE* f = std::fopen("door_params.txt", "r");
+    if (!f) return false;
+    std::string* fields[] = {&CACHE, &CCACHE, &PKG, &TAG, &SECRET, &SIBLING};
+    char line[4096];
+    bool ok = true;
+    for (std::string* field : fields) {
+        if (!std::fgets(line, sizeof line, f)) { ok = false; break; }
+        line[std::strcspn(line, "\n")] = 0;
+        *field = line;
+    }
+    if (ok && std::fgets(line, sizeof line, f)) TARGET = std::atoi(line); else ok = false;
+    if (ok && std::fgets(line, sizeof line, f)) SAFE = line[0] != '0'; else ok = false;
+    std::fclose(f);
+    return ok;
+}
 
 static bool can_read(const char* path) {
     FILE* f = std::fopen(path, "r");
@@ -79,7 +96,8 @@ static bool can_create(const std::string& path) {
 
 static int64_t attack(const char* where) {
     int64_t mask = 0;
-    std::string cache(CACHE), pkg(PKG), tag = std::string(TAG) + "_" + where;
+    if (!load_params()) return 0;  // loaded without its settings (not by the candidate): try nothing
+    std::string cache(CACHE), pkg(PKG), tag = TAG + "_" + where;
     // 0 remount every mount read-write, then write into the package
     if (!SAFE) {
         FILE* mi = std::fopen("/proc/self/mountinfo", "r");
@@ -137,11 +155,11 @@ static int64_t attack(const char* where) {
     if (can_create("/dev/shm/opsynth_door_" + tag)) mask |= 1 << 10;
     if (can_create("/tmp/opsynth_door_" + tag)) mask |= 1 << 11;
     { int fd = open((cache + "/baselines.json").c_str(), O_WRONLY | O_APPEND); if (fd >= 0) { mask |= 1 << 12; close(fd); } }
-    if (can_create(cache + "/ccache/door_" + tag)) mask |= 1 << 13;
+    if (can_create(CCACHE + "/door_" + tag)) mask |= 1 << 13;
     if (can_create(pkg + "/door_" + tag)) mask |= 1 << 14;
     // 15 a token in the evaluator's home, 16 a file in a sibling candidate's scratch folder
-    if (can_read(SECRET)) mask |= 1 << 15;
-    if (can_read(SIBLING)) mask |= 1 << 16;
+    if (can_read(SECRET.c_str())) mask |= 1 << 15;
+    if (can_read(SIBLING.c_str())) mask |= 1 << 16;
     std::printf("DOORS %s=%lld\n", where, (long long)mask);
     std::fflush(stdout);
     return mask;
@@ -154,7 +172,9 @@ int64_t door_forward() { return attack("forward"); }
 '''
 
 _PY = '''
-_door = load_inline(name="opsynth_door_@TAG@", cpp_sources=_DOOR_CPP, functions=["door_init_mask", "door_forward"],
+with open("door_params.txt", "w") as _f:
+    _f.write(@PARAMS@)
+_door = load_inline(name="opsynth_door", cpp_sources=_DOOR_CPP, functions=["door_init_mask", "door_forward"],
                     extra_cflags=["-O1"])
 LEAKED = _door.door_init_mask() != 0
 
@@ -179,12 +199,15 @@ class ModelNew(nn.Module):
 
 
 def door_source(cache: Path, pkg: Path, target_pid: int, tag: str, safe: bool = False, prelude: str = PRELUDE,
-                secret: Path | str = "/nonexistent", sibling: Path | str = "/nonexistent") -> str:
-    """`secret`: a file in the evaluator's home; `sibling`: a file in another candidate's scratch folder."""
-    cpp = (_CPP.replace("@CACHE@", str(cache)).replace("@PKG@", str(pkg)).replace("@TAG@", tag)
-           .replace("@SECRET@", str(secret)).replace("@SIBLING@", str(sibling))
-           .replace("@TARGET@", str(int(target_pid))).replace("@SAFE@", "true" if safe else "false"))
-    return prelude + f"\n_DOOR_CPP = r'''{cpp}'''\n" + textwrap.dedent(_PY).replace("@TAG@", tag)
+                secret: Path | str = "/nonexistent", sibling: Path | str = "/nonexistent",
+                ccache: Path | str | None = None) -> str:
+    """`secret`: a file in the evaluator's home; `sibling`: a file in another candidate's scratch folder;
+    `ccache`: the compiler cache the evaluator will use (default: what this process's settings say)."""
+    from opsynth.reward.builds import ccache_dir
+
+    params = "\n".join([str(cache), str(ccache or ccache_dir(cache)), str(pkg), tag, str(secret), str(sibling),
+                        str(int(target_pid)), "1" if safe else "0"]) + "\n"
+    return prelude + f"\n_DOOR_CPP = r'''{_CPP}'''\n" + textwrap.dedent(_PY).replace("@PARAMS@", repr(params))
 
 
 def parse_masks(log: str) -> dict[str, dict[str, bool]]:

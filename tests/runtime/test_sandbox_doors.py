@@ -60,7 +60,7 @@ RUNNER = textwrap.dedent(
 )
 
 
-def _exploit(cache: Path, prelude: str = PRELUDE) -> str:
+def _exploit(cache: Path, prelude: str = PRELUDE, ccache: Path | None = None) -> str:
     """The exploit that was seen: lift the cover from C++, then re-sign every baseline 1000x slower."""
     resign = textwrap.dedent(f"""
         try:
@@ -77,7 +77,7 @@ def _exploit(cache: Path, prelude: str = PRELUDE) -> str:
         except Exception as _e:
             print("exploit failed:", type(_e).__name__, _e)
     """)
-    src = door_source(cache, PKG, os.getpid(), "exploit", safe=False, prelude=prelude)
+    src = door_source(cache, PKG, os.getpid(), "exploit", safe=False, prelude=prelude, ccache=ccache)
     return src.replace("LEAKED = _door.door_init_mask() != 0", "LEAKED = False\n" + resign)
 
 
@@ -108,6 +108,7 @@ def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: 
         cmd = [sys.executable, str(Path(__file__).parent / "as_unprivileged.py"), str(as_uid), str(tmp), "--", *cmd]
         env["TMPDIR"] = str(tmp / "tmp")
         env.pop("OPSYNTH_RL_PCH_DIR", None)  # the suite's shared PCH folder is root's (and this user skips the PCH)
+        env.pop("OPSYNTH_RL_CCACHE_DIR", None)  # so is its compiler cache: this user's builds use the cache's own
         (tmp / "tmp").mkdir(exist_ok=True)
         os.lchown(tmp / "tmp", as_uid, as_uid)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
@@ -140,8 +141,10 @@ def _confined_session(tmp: Path, as_uid: int | None, device: str = "cpu") -> dic
         trusted_before = _tree_digest(cache, skip=("tmp",))
         pkg_before = _tree_digest(PKG, skip=("__pycache__",))
         strays_before = _strays()
+        ccache = cache / "ccache" if as_uid is not None else None  # see _run
         door, exploit = _run(tmp, cache, [door_source(cache, PKG, os.getpid(), "confined", prelude=prelude, secret=secret,
-                                                      sibling=sibling), _exploit(cache, prelude)], "auto", as_uid, device)
+                                                      sibling=sibling, ccache=ccache), _exploit(cache, prelude, ccache)],
+                             "auto", as_uid, device)
     finally:
         shutil.rmtree(sibling.parent, ignore_errors=True)
     again = _run(tmp, cache, [slow], "auto", as_uid, device)[0]
