@@ -215,16 +215,17 @@ class Tolerance:
     det_rtol: float
 
 
-# Per precision, the one table (the dataset card prints it). float32: CUDA-Agent's 1e-2, and
-# determinism up to float reassociation. float16 (10-bit mantissa, one ulp ~1e-3): KernelBench's 1e-2;
-# determinism within a few ulps, since atomics reorder sums whose roundings are coarser. bfloat16
-# (7-bit mantissa, one ulp 2**-7 ~ 0.8 % relative): 1e-2 is 1.3 ulps for large values, below the
-# one-rounding difference between an eager chain (rounded after every op) and a fused kernel (rounded
-# once); 2e-2 is what the compile check measured it needs (benchmarks/NOTES_dtypes.md).
+# Per precision, the one table (the dataset card prints it). Comparisons (the compile check, input
+# sensitivity, the reward): atol = rtol = 1e-2 in every precision, CUDA-Agent's for float32 and
+# KernelBench's for float16 and bfloat16. Measured on the CPU (inductor against eager, 60 sampled
+# bf16 tasks): 4 disagree beyond 1e-2 and the same 4 beyond 2e-2 (discontinuous operators, `frac`,
+# `remainder`, `floor_divide`, which no tolerance saves), so the looser bf16 pair buys nothing.
+# Determinism: float32 up to float reassociation; the reduced precisions within about one ulp of
+# theirs (2**-10 for float16, 2**-7 for bfloat16), since a reordered sum (CUDA atomics) rounds coarser.
 TOLERANCES: dict[str, Tolerance] = {
     "float32": Tolerance(atol=1e-2, rtol=1e-2, det_atol=1e-6, det_rtol=1e-5),
-    "float16": Tolerance(atol=1e-2, rtol=1e-2, det_atol=1e-4, det_rtol=4e-3),
-    "bfloat16": Tolerance(atol=2e-2, rtol=2e-2, det_atol=1e-3, det_rtol=1.6e-2),
+    "float16": Tolerance(atol=1e-2, rtol=1e-2, det_atol=1e-4, det_rtol=2e-3),
+    "bfloat16": Tolerance(atol=1e-2, rtol=1e-2, det_atol=1e-3, det_rtol=8e-3),
 }
 # What one step of a pass costs in forwards (for sizing: a backward computes about two forwards' work).
 PASS_COST = {"forward": 1.0, "backward": 3.0}
@@ -263,7 +264,7 @@ def _output_list(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def task_step(model, kind: TaskKind, n_inputs: int = 0, param_names: list[str] | None = None):
+def task_step(model, kind: TaskKind, n_inputs: int = 0, param_names: list[str] | None = None, owner=None):
     """The call a task's harness makes and times, as a function of the call's arguments.
 
     Forward: the model itself. Backward: `step(*inputs, *grad_outputs)` (the first `n_inputs`
@@ -271,15 +272,16 @@ def task_step(model, kind: TaskKind, n_inputs: int = 0, param_names: list[str] |
     with gradients on and `torch.autograd.grad` for the differentiable inputs, then for the named
     parameters (default: all of `model`'s), and returns `[*outputs, *input_grads, *param_grads]`,
     None where a gradient does not exist (the caller names it). Nothing accumulates in `.grad`, so
-    no call sees another's gradients. The functions it calls are bound here, before any candidate
+    no call sees another's gradients. `owner`: the module whose parameters these are, when `model`
+    wraps it (`torch.compile(model)`). The functions it calls are bound here, before any candidate
     code runs in the process."""
     if not kind.backward:
         return model
     import torch
 
     grad, enable, tensor = torch.autograd.grad, torch.enable_grad, torch.Tensor
-    params = dict(model.named_parameters())
-    names = list(param_names) if param_names is not None else parameter_names(model)
+    params = dict((owner if owner is not None else model).named_parameters())
+    names = list(param_names) if param_names is not None else parameter_names(owner if owner is not None else model)
 
     def step(*args):
         inputs, gouts = list(args[:n_inputs]), list(args[n_inputs:])
