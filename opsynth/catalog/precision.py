@@ -18,6 +18,7 @@ context of its own.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -141,6 +142,7 @@ def probe_all(catalog, dtype: str, device: str) -> dict[str, dict[str, str]]:
     return out
 
 
+@functools.lru_cache(maxsize=4)
 def device_name(device: str) -> str:
     """What the cache is keyed by: `cpu`, or the GPU's name (the kernels it has differ by architecture)."""
     if device == "cpu":
