@@ -188,7 +188,9 @@ def _probe_on(catalog, dtype: str, device: str) -> dict[str, dict[str, str]]:
     if device == "cpu":
         return probe_all(catalog, dtype, "cpu")
     cmd = [sys.executable, "-m", "opsynth.catalog.precision", "--dtype", dtype, "--device", device]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this opsynth's checkout
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"probing {dtype} on {device} failed: {res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
