@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--n-tasks", type=int, default=240)
-    ap.add_argument("--minutes", type=float, default=8.0, help="wall-time budget from process start (stops at the next result)")
+    ap.add_argument("--minutes", type=float, default=7.5, help="wall-time budget from process start (stops at the next result)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/generate_dtypes_<device>.json)")
     ap.add_argument("--output-dir", default=None, help="dataset folder (default: a fresh temporary one)")
     ap.add_argument("--override", action="append", default=[], help="extra Hydra override, e.g. verify.compile_backend=aot_eager")
