@@ -48,6 +48,8 @@ class TaskRow:
     seed: int
     mode: str
     trace_signature: str | None
+    dtype: str
+    task_pass: str
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -167,8 +169,10 @@ def verify(ctx: dict, cand: Candidate) -> bool:
 def make_row(ctx: dict, cand: Candidate) -> bool:
     """The accepted task's shard row, from the source as verified."""
     from opsynth.render import task_id
+    from opsynth.render.task_file import task_kind
 
     res, st = cand.verified, cand.sampled
+    kind = task_kind(res.source)  # what the code states is what the row says
     cand.row = TaskRow(
         code=res.source,
         ops=st.graph.ops(),
@@ -176,7 +180,7 @@ def make_row(ctx: dict, cand: Candidate) -> bool:
         task_id=task_id(res.source),
         num_ops=st.num_ops,
         graph=cand.graph.to_json(),
-        input_shapes=json.dumps(_input_shapes(res.source)),
+        input_shapes=json.dumps(_input_shapes(res.source, kind.dtype)),
         eager_ms=float(res.eager_ms),
         compile_ms=float(res.compile_ms) if res.compile_ms is not None else float("nan"),
         device=res.device or "",
@@ -186,6 +190,8 @@ def make_row(ctx: dict, cand: Candidate) -> bool:
         seed=int(cand.seed),
         mode=res.mode,
         trace_signature=res.signature,
+        dtype=kind.dtype,
+        task_pass=kind.task_pass,
     )
     cand.accepted = True
     return True
@@ -221,9 +227,10 @@ def _short(evidence) -> Any:
     return evidence if len(s) < 2000 else s[:2000]
 
 
-def _input_shapes(source: str) -> list[dict]:
+def _input_shapes(source: str, float_dtype: str = "float32") -> list[dict]:
     """Shapes and dtypes of get_inputs() for the calibrated source, read without running it
-    (inputs are `torch.randn(<constants>)` / `torch.randint(lo, hi, (<constants>,))` calls)."""
+    (inputs are `torch.randn(<constants>)` / `torch.randint(lo, hi, (<constants>,))` calls; float
+    ones in the task's precision)."""
     import ast
 
     from opsynth.render import parse_task
@@ -240,7 +247,7 @@ def _input_shapes(source: str) -> list[dict]:
         if fname == "torch.randint" and len(args) >= 3:
             dims, dtype = getattr(args[2], "elts", [args[2]]), "int64"
         else:
-            dims, dtype = args, "float32"
+            dims, dtype = args, float_dtype
         shape = []
         for d in dims:
             v = facts.sizes.get(d.id) if isinstance(d, ast.Name) else getattr(d, "value", None)
@@ -300,7 +307,11 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
         if _CTX.get("sampler_key") != key(sampler_cfg, verify_cfg["device"]):
             from opsynth.graph import Sampler
 
-            _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"]),
+            from opsynth.verify.pool import detect_device
+
+            device = detect_device(verify_cfg["device"])  # the catalog excludes per precision on it
+            _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"],
+                                        device=device),
                         sampler_key=key(sampler_cfg, verify_cfg["device"]))
         if _CTX.get("kb_key") != key(dedup_cfg, kb_check):
             from opsynth.dedup import KernelBenchIndex

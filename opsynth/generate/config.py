@@ -136,6 +136,28 @@ def verify_device(cfg: GenerateConfig) -> str:
     return "cuda" if visible_gpus() > 0 else "cpu"
 
 
+def precision_facts(cfg: GenerateConfig) -> dict:
+    """What the card says of precisions and passes: each precision's target share and tolerances
+    (float32's as configured, the others from the task contract's table), the passes' shares and the
+    loss a backward task states."""
+    from dataclasses import asdict as _asdict
+
+    from opsynth.catalog.precision import dtype_name
+    from opsynth.render.task_file import BACKWARD_LOSS, TOLERANCES
+
+    v = cfg.verify
+    total = sum(float(x) for x in cfg.sampler.dtypes.values()) or 1.0
+    dtypes = {}
+    for name, share in cfg.sampler.dtypes.items():
+        dt = dtype_name(str(name))
+        tol = ({"atol": v.atol, "rtol": v.rtol, "det_atol": v.det_atol, "det_rtol": v.det_rtol}
+               if dt == "float32" else _asdict(TOLERANCES[dt]))
+        dtypes[dt] = {"target": float(share) / total, **tol}
+    p_total = sum(float(x) for x in cfg.sampler.passes.values()) or 1.0
+    return {"dtypes": dtypes, "passes": {str(k): float(x) / p_total for k, x in cfg.sampler.passes.items()},
+            "backward_loss": BACKWARD_LOSS}
+
+
 def describe_run(stats, cfg: GenerateConfig) -> None:
     """Record the settings of this run in its stats (the card and report print them). The runtime
     band and memory cap are those in force on the device that verifies (the CPU band on a CPU run)."""
@@ -156,6 +178,7 @@ def describe_run(stats, cfg: GenerateConfig) -> None:
         "compile_backend": cfg.verify.compile_backend, "atol": cfg.verify.atol, "rtol": cfg.verify.rtol,
         "edge_margin": cfg.verify.edge_margin, "edge_margin_low": cfg.verify.edge_margin_low,
     }
+    stats.precisions = precision_facts(cfg)
     stats.versions = {**default_versions(), **stats.versions}
     stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": plain(cfg.sampler),
                     "verify": plain(cfg.verify), "dedup": plain(cfg.dedup), "cluster": cfg.cluster.kind}

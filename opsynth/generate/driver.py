@@ -56,11 +56,15 @@ class _Committer:
         # Exact duplicates by graph signature, near-duplicates by MinHash-LSH and semantic duplicates
         # by the traced call graph, rebuilt from the rows already written so that a resumed run
         # decides exactly as an uninterrupted one.
-        self.neardup = NearDupIndex.from_config(cfg.dedup)
+        # Near-duplicates are looked for among rows of the same precision and pass (the same chain in
+        # bf16, or backward, differs from its float32 forward in one line of code but is another task).
+        self.neardup = NearDupIndex.from_config(cfg.dedup)  # float32 forward's
+        self._neardup_by_kind = {("float32", "forward"): self.neardup}
         self.semantic = SemanticDupIndex()
         on_disk = []
-        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed", "trace_signature"]):
-            self.neardup.add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
+        for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed", "trace_signature",
+                                                      "dtype", "task_pass"]):
+            self._neardup_for(row).add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
             self.semantic.add(row["task_id"], row["trace_signature"])
             on_disk.append((int(row["seed"]), row["task_id"]))
         self.next_index = int(state.get("next_index", 0))
@@ -78,6 +82,14 @@ class _Committer:
         # The last candidate that wrote one of those rows: the run commits at least up to it.
         self.ahead_until = max((seed - cfg.seed * SEED_STRIDE for seed, tid in on_disk if tid in self.ahead),
                                default=-1)
+
+    def _neardup_for(self, row: dict):
+        from opsynth.dedup import NearDupIndex
+
+        kind = (row["dtype"], row["task_pass"])
+        if kind not in self._neardup_by_kind:
+            self._neardup_by_kind[kind] = NearDupIndex.from_config(self.cfg.dedup)
+        return self._neardup_by_kind[kind]
 
     @property
     def rows(self) -> int:
@@ -109,13 +121,14 @@ class _Committer:
         if rec["accepted"]:
             from opsynth.dedup.semantic import REASON as SEMANTIC
 
-            exact_before = self.neardup.counts["exact_duplicate"]
+            neardup = self._neardup_for(row)
+            exact_before = neardup.counts["exact_duplicate"]
             same_calls = self.semantic.find(row["trace_signature"])  # a dict lookup: first
-            dup = same_calls or self.neardup.add(row["task_id"], row["code"], signature=rec["signature"])
+            dup = same_calls or neardup.add(row["task_id"], row["code"], signature=rec["signature"])
             if same_calls is not None:
                 reason, rec["evidence"] = SEMANTIC, {"duplicate_of": same_calls}
             elif dup is not None:
-                exact = self.neardup.counts["exact_duplicate"] > exact_before
+                exact = neardup.counts["exact_duplicate"] > exact_before
                 reason = "duplicate_signature" if exact else "near_duplicate"
                 rec["evidence"] = {"duplicate_of": dup}
             else:

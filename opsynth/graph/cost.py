@@ -150,9 +150,10 @@ def replay_cost(graph: OpGraph, catalog, batch: int | None = None) -> GraphCost:
     meta = torch.device("meta")
     env: dict[str, torch.Tensor] = {}
     persistent = 0.0
+    fdt = getattr(torch, graph.dtype)  # the task's precision: float tensors move its bytes
     for n in graph.input_nodes():
         d = graph.node(n)
-        dtype = torch.int64 if d["dtype"] == "int64" else torch.float32
+        dtype = torch.int64 if d["dtype"] == "int64" else fdt
         env[n] = torch.empty(tuple(d["shape"]), dtype=dtype, device=meta)
         persistent += _nbytes(env[n])
     rec = _Recorder()
@@ -167,7 +168,7 @@ def replay_cost(graph: OpGraph, catalog, batch: int | None = None) -> GraphCost:
             if kind == "scalar":
                 other = operand["value"]
             elif kind in ("param", "weight"):
-                other = torch.empty(tuple(operand["shape"]), device=meta)
+                other = torch.empty(tuple(operand["shape"]), dtype=fdt, device=meta)
                 persistent += _nbytes(other)
             elif kind == "node":
                 other = env[operand["node"]]
@@ -175,6 +176,8 @@ def replay_cost(graph: OpGraph, catalog, batch: int | None = None) -> GraphCost:
         if spec.kind == "module":
             with meta:  # built outside the recorder: initialisation is not part of the forward
                 module = instantiate(spec, d["params"])
+                if fdt != torch.float32:
+                    module = module.to(fdt)
             persistent += sum(_nbytes(p) for p in module.parameters()) + sum(_nbytes(b) for b in module.buffers())
         with torch.no_grad(), rec, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. losses' reduction notices: meta replay is not the task
@@ -286,6 +289,22 @@ SLOWDOWN: dict[str, dict[str, float]] = {
              "vector_norm": 3.5,
              "other": 1.3, "pool": 3.6, "reduce": 1.4, "scan": 2.5, "softmax": 1.3, "sort": 3.0, "special": 1.1,
              "special_slow": 8.3},
+}
+
+
+_CONVS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+# Per device kind and reduced precision, how much slower (or faster, < 1) than in float32 a kernel
+# class runs, multiplying SLOWDOWN (bytes are already counted in the task's dtype). "cpu": measured on
+# the development machine, one thread, torch 2.13 (a 256x256 matmul and a 16-channel 3x3 conv2d over
+# 32x32x32: float16 has no fast CPU kernels there, 40x and 23x slower; bfloat16 is faster, 0.27x and
+# 0.63x). "cuda": a projection, not a measurement (tensor cores: bf16/fp16 matmuls several times the
+# fp32 rate, convolutions about twice TF32's); benchmarks/generate_dtypes.py reports measured over
+# predicted eager time per precision on the GPU, which is what should replace it.
+DTYPE_SLOWDOWN: dict[str, dict[str, dict[str, float]]] = {
+    "cpu": {"float16": {"mm": 40.0, **dict.fromkeys(_CONVS, 23.0)},
+            "bfloat16": {"mm": 0.27, **dict.fromkeys(_CONVS, 0.63)}},
+    "cuda": {"float16": {"mm": 0.15, **dict.fromkeys(_CONVS, 0.5)},
+             "bfloat16": {"mm": 0.15, **dict.fromkeys(_CONVS, 0.5)}},
 }
 
 

@@ -3,6 +3,10 @@
 Nodes are inputs (`in0`, `in1`, ...) and operators (`op0`, `op1`, ...) in execution order; an edge
 carries data from one node to an argument (`arg` 0 is the running tensor, 1 the second operand).
 Everything stored on a node is plain JSON, so a graph round-trips through a Parquet string column.
+The task's precision and pass are graph attributes (`dtype`, `task_pass`), stored only when they are
+not float32 forward, so a default graph's JSON is what it always was; a float node's `dtype` is
+"float32" for "floating" (the sampler works in float32 on meta tensors), the task's precision is
+the graph's.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import networkx as nx
 
 from opsynth.catalog.params import SIZE_PARAMS
+from opsynth.catalog.precision import DEFAULT_DTYPE, DEFAULT_PASS
 
 
 class OpGraph:
@@ -36,6 +41,23 @@ class OpGraph:
             self.g.add_edge(operand["node"], nid, arg=1)
         return nid
 
+    def set_kind(self, dtype: str = DEFAULT_DTYPE, task_pass: str = DEFAULT_PASS) -> None:
+        """Record the task's precision (torch's name) and pass; the defaults are not stored."""
+        for key, value, default in (("dtype", dtype, DEFAULT_DTYPE), ("task_pass", task_pass, DEFAULT_PASS)):
+            if value == default:
+                self.g.graph.pop(key, None)
+            else:
+                self.g.graph[key] = value
+
+    @property
+    def dtype(self) -> str:
+        """The precision the task's inputs and parameters are made in (torch's name)."""
+        return self.g.graph.get("dtype", DEFAULT_DTYPE)
+
+    @property
+    def task_pass(self) -> str:
+        return self.g.graph.get("task_pass", DEFAULT_PASS)
+
     # -- reading --------------------------------------------------------------------------------
     def input_nodes(self):
         return [n for n, d in self.g.nodes(data=True) if d["kind"] == "input"]
@@ -54,8 +76,8 @@ class OpGraph:
         return self.op_nodes()[-1]
 
     def input_specs(self) -> list[dict]:
-        return [{"name": n, "shape": d["shape"], "dtype": d["dtype"], "role": d["role"]}
-                for n, d in ((n, self.g.nodes[n]) for n in self.input_nodes())]
+        return [{"name": n, "shape": d["shape"], "dtype": self.dtype if d["dtype"] == "float32" else d["dtype"],
+                 "role": d["role"]} for n, d in ((n, self.g.nodes[n]) for n in self.input_nodes())]
 
     def __len__(self) -> int:
         return len(self.op_nodes())
@@ -84,4 +106,6 @@ class OpGraph:
             if okind == "node":
                 okind += ":" + opnd["node"]
             parts.append(f"{n}:{d['op']}({attrs})[{okind}]")
+        if (self.dtype, self.task_pass) != (DEFAULT_DTYPE, DEFAULT_PASS):  # a kind is a task of its own
+            parts.append(f"kind:{self.dtype}:{self.task_pass}")
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

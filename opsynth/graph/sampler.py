@@ -19,6 +19,7 @@ from opsynth.catalog import Catalog, OpSpec
 from opsynth.catalog.call import apply, instantiate, is_float_tensor
 from opsynth.catalog.mine import ALWAYS_SET
 from opsynth.catalog.params import NoRule, ParamContext, fill_params
+from opsynth.catalog.precision import DEFAULT_DTYPE, DEFAULT_PASS, check_pass, dtype_name, exclusions
 from opsynth.catalog.transformers_seeds import config_params
 
 from .opgraph import OpGraph
@@ -79,8 +80,23 @@ class SamplerConfig:
     exclude_ops: list = field(default_factory=list)
     max_attempts: int = 200
     max_numel: int = 1 << 27  # per tensor, before calibration; larger compositions are resampled
+    # Precisions (shares of rows; keys fp32, bf16, fp16) and passes (forward, backward: the forward
+    # and the gradients of a stated loss) of the tasks. A task's kind is drawn from its seed apart
+    # from everything else, so the default (fp32 forward only) draws exactly the graphs it always has.
+    dtypes: dict = field(default_factory=lambda: {"fp32": 1.0})
+    passes: dict = field(default_factory=lambda: {"forward": 1.0})
 
     def validate(self) -> None:
+        for name, table, check in (("dtypes", self.dtypes, dtype_name), ("passes", self.passes, check_pass)):
+            if not isinstance(table, dict) or not table:
+                raise ValueError(f"sampler.{name} must be a mapping of choice -> share, got {table!r}")
+            for k in table:
+                try:
+                    check(str(k))
+                except ValueError as e:
+                    raise ValueError(f"sampler.{name}: {e}") from None
+            if any(float(v) < 0 for v in table.values()) or sum(map(float, table.values())) <= 0:
+                raise ValueError(f"sampler.{name} shares must be >= 0 and not all zero")
         keys = set(OPS6K_MIXTURE)
         bad = set(map(str, self.mixture)) - keys
         if bad:
@@ -103,10 +119,15 @@ class SampledTask:
     num_ops: int
     data_source: str  # "torch#k" or "transformers#1"
     attempts: int = 1
+    dtype: str = DEFAULT_DTYPE  # torch's name: float32, bfloat16, float16
+    task_pass: str = DEFAULT_PASS  # forward or backward
 
 
 class Sampler:
-    def __init__(self, cfg: SamplerConfig | None = None, catalog: Catalog | None = None):
+    """`device` ("cpu" or "cuda"): where the tasks will run, which decides the operators the catalog
+    excludes for a reduced precision or a backward pass (`opsynth.catalog.precision`)."""
+
+    def __init__(self, cfg: SamplerConfig | None = None, catalog: Catalog | None = None, device: str = "cpu"):
         from opsynth.catalog import load_catalog
 
         self.cfg = cfg or SamplerConfig()
@@ -120,34 +141,58 @@ class Sampler:
         unknown = excl - set(self.catalog.ops)
         if unknown:
             raise ValueError(f"sampler.exclude_ops names operators not in the catalog: {sorted(unknown)}")
-        self._torch_ops = [s for n, s in self.catalog.ops.items() if s.source == "torch" and n not in excl]
-        self._tf_ops = [s for n, s in self.catalog.ops.items() if s.source == "transformers" and n not in excl]
-        mix = {str(k): float(v) for k, v in self.cfg.mixture.items()}
-        if not self._tf_ops:
-            mix.pop("transformers", None)  # renormalised over the torch counts
-        self._mixture = sorted(mix.items())
+        self.device = device
+        self._kinds = sorted(((dtype_name(str(d)), check_pass(str(p))), float(wd) * float(wp))
+                             for d, wd in self.cfg.dtypes.items() for p, wp in self.cfg.passes.items()
+                             if float(wd) * float(wp) > 0)
+        self._ops_by_kind: dict = {}
+        for kind, _ in self._kinds:  # the float32 forward lists are exactly the catalog's
+            off = excl | set(exclusions(self.catalog, *kind, device))
+            torch_ops = [s for n, s in self.catalog.ops.items() if s.source == "torch" and n not in off]
+            tf_ops = [s for n, s in self.catalog.ops.items() if s.source == "transformers" and n not in off]
+            mix = {str(k): float(v) for k, v in self.cfg.mixture.items()}
+            if not tf_ops:
+                mix.pop("transformers", None)  # renormalised over the torch counts
+            self._ops_by_kind[kind] = (torch_ops, tf_ops, sorted(mix.items()))
+        self._torch_ops, self._tf_ops, self._mixture = self._ops_by_kind[self._kinds[0][0]]
 
     # -- public ---------------------------------------------------------------------------------
     def draw_count(self, rng: random.Random) -> str:
         keys, weights = zip(*self._mixture)
         return rng.choices(keys, weights=weights)[0]
 
+    def draw_kind(self, seed: int) -> tuple[str, str]:
+        """The task's (dtype, pass), from its seed alone (an RNG of its own: the graph's draws are
+        the same whatever the kind mixture)."""
+        if len(self._kinds) == 1:
+            return self._kinds[0][0]
+        kinds, weights = zip(*self._kinds)
+        return random.Random(f"opsynth-kind:{int(seed)}").choices(kinds, weights=weights)[0]
+
     def sample(self, seed: int) -> SampledTask:
+        kind = self.draw_kind(seed)
+        torch_ops, tf_ops, mixture = self._ops_by_kind[kind]  # never stored: threads share a sampler
         rng = random.Random(seed)
-        slot = self.draw_count(rng)
+        keys, weights = zip(*mixture)
+        slot = rng.choices(keys, weights=weights)[0]
         for attempt in range(1, self.cfg.max_attempts + 1):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     if slot == "transformers":
-                        g = self._transformers_graph(rng)
-                        return SampledTask(g, seed, 1, "transformers#1", attempt)
+                        g = self._transformers_graph(rng, tf_ops)
+                        return self._task(g, seed, 1, "transformers#1", attempt, kind)
                     k = int(slot)
-                    g = self._torch_graph(k, rng)
-                    return SampledTask(g, seed, k, f"torch#{k}", attempt)
+                    g = self._torch_graph(k, rng, torch_ops)
+                    return self._task(g, seed, k, f"torch#{k}", attempt, kind)
             except Resample as e:
                 self.rejections[e.reason] += 1
         raise SamplingError(f"seed {seed}: no valid {slot}-operator composition in {self.cfg.max_attempts} attempts")
+
+    @staticmethod
+    def _task(g: OpGraph, seed: int, k: int, source: str, attempt: int, kind: tuple[str, str]) -> SampledTask:
+        g.set_kind(*kind)
+        return SampledTask(g, seed, k, source, attempt, dtype=kind[0], task_pass=kind[1])
 
     # -- drawing --------------------------------------------------------------------------------
     def _pick(self, rng: random.Random, candidates: list[OpSpec], flatness: float) -> OpSpec:
@@ -252,9 +297,9 @@ class Sampler:
             return "too_large"
         return tuple(out.shape)
 
-    def _torch_graph(self, k: int, rng: random.Random) -> OpGraph:
+    def _torch_graph(self, k: int, rng: random.Random, torch_ops: list[OpSpec]) -> OpGraph:
         g = OpGraph()
-        first = self._pick(rng, [s for s in self._torch_ops if not s.terminal or k == 1], self.cfg.first_op_flatness)
+        first = self._pick(rng, [s for s in torch_ops if not s.terminal or k == 1], self.cfg.first_op_flatness)
         shape, dim_names = self._input_shape(rng, first)
         dtype = "int64" if first.pattern == "index" else "float32"
         high = None
@@ -267,7 +312,7 @@ class Sampler:
             if i > 0:
                 rank = len(shape)
                 last = i == k - 1
-                cands = [s for s in self._torch_ops if rank in s.ranks and s.pattern != "index"
+                cands = [s for s in torch_ops if rank in s.ranks and s.pattern != "index"
                          and (last or not s.terminal)]
                 if not cands:
                     raise Resample("no_operator_accepts_rank")
@@ -289,8 +334,8 @@ class Sampler:
         self._check_batch_independent(g)
         return g
 
-    def _transformers_graph(self, rng: random.Random) -> OpGraph:
-        spec = rng.choice(self._tf_ops)
+    def _transformers_graph(self, rng: random.Random, tf_ops: list[OpSpec]) -> OpGraph:
+        spec = rng.choice(tf_ops)
         hidden = 64 * max(1, int(round(rng.choice([4, 8, 16]) * self.cfg.scale)))
         shape = [self._size(rng, BATCH_SIZES, 2), self._size(rng, [128, 256, 512], 8), hidden]
         params = config_params(spec, hidden, self.cfg.scale)

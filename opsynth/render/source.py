@@ -12,6 +12,8 @@ import re
 from opsynth.catalog import Catalog
 from opsynth.graph import OpGraph
 
+from .task_file import DTYPE_NAME, PASS_NAME, TaskKind, kind_lines
+
 SCALAR_NAMES = {"torch.add": "add_value", "torch.sub": "subtract_value", "torch.mul": "multiplier",
                 "torch.div": "divisor", "torch.rsub": "subtract_value"}
 PARAM_NAMES = {"torch.add": "bias", "torch.sub": "bias", "torch.rsub": "bias", "torch.mul": "scale",
@@ -73,7 +75,9 @@ class _Renderer:
     def __init__(self, graph: OpGraph, catalog: Catalog):
         self.graph, self.catalog = graph, catalog
         self.consts: dict[str, object] = {}
-        self.names = _Names()  # module-level constants and forward locals
+        self.kind = TaskKind(graph.dtype, graph.task_pass)
+        # module-level constants and forward locals (the kind's names are the task contract's)
+        self.names = _Names(reserved=() if self.kind.is_default else (DTYPE_NAME, PASS_NAME))
         self.attrs = _Names(reserved=("training",))  # self.<attr> names
         self.init_args: list[str] = []  # constant names passed to __init__, in order
         self.init_lines: list[str] = []
@@ -198,8 +202,9 @@ class _Renderer:
         return call + "[0]" if spec.tuple_output else call
 
     def make_inputs(self) -> list[str]:
-        """get_inputs: fresh random tensors on the current default device."""
+        """get_inputs: fresh random tensors on the current default device (float ones in the task's dtype)."""
         make = []
+        in_dtype = "" if self.kind.dtype == "float32" else f", dtype={DTYPE_NAME}"
         for n in self.inputs:
             d = self.graph.node(n)
             dims = ", ".join(self.input_dims[n])
@@ -208,9 +213,9 @@ class _Renderer:
                 hname = next((p for p, v in self.consts.items() if v == high and p.startswith("num_embeddings")), None)
                 make.append(f"torch.randint(0, {hname or high}, ({dims},))")
             elif d["role"] == "target":
-                make.append(f"torch.rand({dims})")
+                make.append(f"torch.rand({dims}{in_dtype})")
             else:
-                make.append(f"torch.randn({dims})")
+                make.append(f"torch.randn({dims}{in_dtype})")
         return make
 
     def assemble(self, make: list[str]) -> str:
@@ -222,12 +227,15 @@ class _Renderer:
         lines += ["", "", "class Model(nn.Module):", f'    """{doc}."""', "",
                   f"    def __init__({', '.join(['self'] + self.init_args)}):", "        super().__init__()"]
         lines += [f"        {ln}" for ln in self.init_lines]
+        if self.kind.dtype != "float32" and self.init_lines:  # parameters and buffers in the task's precision
+            lines.append(f"        self.to({DTYPE_NAME})")
         lines += ["", f"    def forward({forward_args}):"]
         lines += [f"        {ln}" for ln in self.fwd_lines]
         lines += ["        return x", "", ""]
         # batch_size first: it is the constant runtime calibration rescales.
         order = ["batch_size"] + [c for c in self.consts if c != "batch_size"]
         lines += [f"{c} = {_lit(self.consts[c])}" for c in order if c in self.consts]
+        lines += kind_lines(self.kind)
         lines += ["", "", "def get_inputs():", f"    return [{', '.join(make)}]", "", "",
                   "def get_init_inputs():", f"    return [{', '.join(self.init_args)}]", ""]
         return "\n".join(lines)

@@ -146,14 +146,16 @@ def _prepare(job) -> types.SimpleNamespace:
         torch.ones(1, device="cuda").add_(1)
         torch.cuda.synchronize()
     cuda_init_s = round(time.perf_counter() - t_ctx, 3)
-    from opsynth.render.task_file import set_mode  # bound before the candidate is imported
+    from opsynth.render import task_file  # bound before the candidate is imported
+    from opsynth.render.task_file import TaskKind, set_mode, task_step
     from opsynth.reward import candidate_runner
     from opsynth.runtime import timing
 
     from opsynth.reward import cuda_state as cuda_state_mod
     from opsynth.reward import rounds, timed_inputs
 
-    snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner, rounds, timed_inputs, cuda_state_mod])
+    snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner, rounds, timed_inputs, cuda_state_mod,
+                                                     task_file])
     off = set(job.get("disabled_guards") or ())  # guards switched off, for tests' controls only
     cstate = cuda_state_mod.CudaState() if cuda else None
     if cstate is not None and not cstate.available:
@@ -167,8 +169,12 @@ def _prepare(job) -> types.SimpleNamespace:
     _clone = torch.Tensor.clone
     _sync = torch.cuda.synchronize if cuda else (lambda: None)
     info: dict = {"build_s": None, "cuda_init_s": cuda_init_s}
+    kind = TaskKind(**(job.get("task_kind") or {}))
+    # A reduced-precision task: the audit records torch widening a tensor to float32 inside forward.
+    audit.watch_upcast = kind.reduced and "upcast" not in off
     return types.SimpleNamespace(
         torch=torch, guards=guards, audit=audit, tracker=tracker, device=device, cuda=cuda, set_mode=set_mode,
+        kind=kind, task_step=task_step,
         timing=timing, rounds=rounds, timed_inputs=timed_inputs, snapshot=snapshot, off=off, cstate=cstate,
         l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, clone=_clone, sync=_sync,
         info=info, check_harness=_harness_checker(snapshot, off), model=None, guarded=None,
@@ -189,17 +195,46 @@ def _harness_checker(snapshot, off):
     return check_harness
 
 
-def _guarded_forward(audit, model):
-    """The audited forward: the op audit acts only while armed, i.e. inside the candidate's forward."""
+def _guarded_forward(audit, call):
+    """The audited call (the task's step: ModelNew's forward, or for a backward task its forward and
+    the gradients, `task_file.task_step`): the op audit acts only while armed, i.e. inside it, so
+    a backward computed by autograd over torch operators is as forbidden as a forward made of them."""
 
     def guarded(*args):
         audit.armed = True
         try:
-            return model(*args)
+            return call(*args)
         finally:
             audit.armed = False
 
     return guarded
+
+
+def _check_precision(ctx, model, data):
+    """A reduced-precision task's ModelNew keeps its state in the task's precision: a parameter,
+    buffer or tensor attribute wider than the reference's dtype (float32 master copies, weights
+    widened in a load hook) is a float32 computation in disguise (`fp32_upcast`)."""
+    torch, kind = ctx.torch, ctx.kind
+    if not kind.reduced or "upcast" in ctx.off:
+        return
+    want = kind.torch_dtype()
+    seen = []
+    for mname, m in model.named_modules():
+        tensors = [*m._parameters.items(), *m._buffers.items()]
+        tensors += [(k, v) for k, v in vars(m).items() if isinstance(v, torch.Tensor)]
+        seen += [(f"{mname}.{k}" if mname else k, t) for k, t in tensors if isinstance(t, torch.Tensor)]
+    for name, t in seen:
+        if t.is_floating_point() and t.numel() > 1 and torch.finfo(t.dtype).bits > torch.finfo(want).bits:
+            raise Reject("fp32_upcast", f"ModelNew holds {name} in {str(t.dtype).removeprefix('torch.')}: the task is "
+                         f"{kind.dtype} (parameters, buffers and tensors in the task's precision)")
+
+
+def _check_upcasts(ctx, where: str, since: int):
+    """Widening conversions torch made inside the audited call since `since` (`fp32_upcast`)."""
+    ups = ctx.audit.upcasts
+    if len(ups) > since:
+        raise Reject("fp32_upcast", f"{where}: {ups[since]} inside forward: the task is {ctx.kind.dtype}; convert in "
+                     "your kernel (registers, float32 accumulators), not by widening tensors with torch")
 
 
 def _instantiate(ctx, job):
@@ -267,7 +302,10 @@ def _poison_outputs(ctx, outs):
 def _check_outputs(ctx, outs, where: str):
     """Plain tensors on the task's device, nothing else."""
     torch = ctx.torch
-    for o in outs:
+    for i, o in enumerate(outs):
+        if o is None and ctx.kind.backward:
+            raise Reject("missing_gradient", f"{where}: output {i} of the backward step is None: ModelNew gives no "
+                         "gradient for one of the inputs or parameters (its forward must be differentiable)")
         if not isinstance(o, torch.Tensor):
             raise Reject("wrong_type", f"{where}: output is {type(o).__name__}, not a tensor")
         if type(o) is not torch.Tensor:
@@ -309,6 +347,7 @@ def _call_checked(ctx, args, meta, where):
         _sync_checked(ctx, f"before {where}")
         _device_state(ctx, f"before {where}")
     n_viol = len(audit.violations)
+    n_up = len(audit.upcasts)
     audit.poison = True
     try:
         out = ctx.guarded(*args)
@@ -323,6 +362,7 @@ def _call_checked(ctx, args, meta, where):
     if audit.stream_use:
         raise Reject("side_stream", f"{where}: {audit.stream_use[0]} used inside forward")
     ctx.check_harness(where)
+    _check_upcasts(ctx, where, n_up)
     outs = _outputs_list(out)
     _check_outputs(ctx, outs, where)
     ctx.reused.append(any(o.untyped_storage().data_ptr() in ctx.poisoned for o in outs))
@@ -424,6 +464,7 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     ctx.snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
     audit.stream_use.clear()
     n_viol = len(audit.violations)
+    n_up = len(audit.upcasts)
     chan = rounds.Channel(sandbox_fd())
     stacked = ctx.timed_inputs.stack_trials(contents)
     check_outputs, device_state, poison = _check_outputs, _device_state, _poison_outputs
@@ -470,6 +511,7 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
         kept.pop("again", None)
     if len(audit.violations) > n_viol:
         raise Reject("fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")
+    _check_upcasts(ctx, "timing", n_up)
     if audit.stream_use:
         raise Reject("side_stream", f"timing: {audit.stream_use[0]} used inside forward")
     if ctx.guards.new_python_threads(ctx.base_threads):
@@ -482,6 +524,7 @@ def measure(job) -> dict:
     """Compose the phases. They are bound here, before the candidate runs: a candidate that rebinds one
     in this module changes nothing that is still to run (and the harness check reports the rebinding)."""
     prepare, instantiate, load_weights, guarded_forward = _prepare, _instantiate, _load_weights, _guarded_forward
+    check_precision = _check_precision
     warm_profiler, checked_trials, profiled_call, timed_rounds = _warm_profiler, _checked_trials, _profiled_call, _timed_rounds
     ctx = prepare(job)
     torch, tracker, info = ctx.torch, ctx.tracker, ctx.info
@@ -489,9 +532,11 @@ def measure(job) -> dict:
     try:
         model = instantiate(ctx, job)
         data = load_weights(ctx, model)
+        check_precision(ctx, model, data)
         ctx.model = model
         ctx.protected = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-        ctx.guarded = guarded_forward(ctx.audit, model)
+        call = ctx.task_step(model, ctx.kind, job.get("n_inputs") or 0, job.get("param_names"))
+        ctx.guarded = guarded_forward(ctx.audit, call)
         if ctx.cuda:
             warm_profiler(ctx)
         t_setup = time.perf_counter() - _T_IMPORT

@@ -40,6 +40,9 @@ def _cmp(ref, out, cfg) -> tuple[str, str]:
     if tuple(out.shape) != tuple(ref.shape):
         return "wrong_shape", f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
     if out.dtype != ref.dtype:
+        if (ref.dtype in (torch.bfloat16, torch.float16) and out.is_floating_point()
+                and torch.finfo(out.dtype).bits > torch.finfo(ref.dtype).bits):
+            return "fp32_upcast", f"dtype {out.dtype}, expected {ref.dtype}: computed in a wider precision than the task's"
         return "wrong_dtype", f"dtype {out.dtype}, expected {ref.dtype}"
     if not (ref.is_floating_point() or ref.is_complex()):
         return ("ok", "") if torch.equal(out, ref) else ("incorrect", "integer/bool output differs")

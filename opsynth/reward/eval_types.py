@@ -24,7 +24,8 @@ def default_cache_dir() -> Path:
 
 
 # Runtime guards a test may switch off (RewardConfig.disabled_guards), to show what each one stops.
-GUARDS = ("fresh_inputs", "poison_outputs", "harness_snapshot", "wall_clock", "physical_floor", "launch_check", "l2_reset")
+GUARDS = ("fresh_inputs", "poison_outputs", "harness_snapshot", "wall_clock", "physical_floor", "launch_check", "l2_reset",
+          "upcast")
 
 
 @dataclass

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opsynth.render.task_file import check_mode
+from opsynth.render.task_file import check_mode, task_kind, tolerance
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
 from opsynth.reward.builds import build_service, remote_build  # noqa: F401 - remote_build: the Dask task's name
 from opsynth.reward.eval_types import EvalResult, RewardConfig, reward_from_times
@@ -59,6 +59,19 @@ class _Reference:
     rounds: object = None  # the reference's RoundSession: the parent's clock of its rounds, its input hashes
     floor_ms: float | None = None  # the physical floor (opsynth.reward.floor)
     flop_bound_ms: float | None = None
+    cfg: RewardConfig | None = None  # the settings with the task's tolerance (task_cfg)
+
+
+def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
+    """The settings a task's outputs are judged with: `cfg` for float32 (its atol / rtol), the task
+    contract's tolerance (`opsynth.render.task_file.TOLERANCES`) for a reduced precision."""
+    import dataclasses
+
+    dtype = task_kind(task_code).dtype
+    if dtype == "float32":
+        return cfg
+    tol = tolerance(dtype)
+    return dataclasses.replace(cfg, atol=tol.atol, rtol=tol.rtol)
 
 
 def _tmpdir(prefix: str) -> Path:
@@ -93,11 +106,17 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
 
     scratch = _tmpdir("opsynth_ref_")
     (scratch / "task.py").write_text(task_code)
+    try:
+        kind = task_kind(task_code)
+    except ValueError as e:
+        return _Reference(False, "task_error", f"[reward] {e}", scratch)
+    tcfg = task_cfg(cfg, task_code)
     cached = baseline_cache.lookup(cfg, task_code, device, task_mode)
     rng = secrets.SystemRandom()
     job = {
         "task_path": str(scratch / "task.py"),
         "task_mode": check_mode(task_mode),  # the reference and the candidate run Model / ModelNew so
+        "task_kind": {"dtype": kind.dtype, "task_pass": kind.task_pass},  # and call them in its precision and pass
         "device": device,
         "trial_seeds": [rng.randrange(1, 2**62) for _ in range(cfg.num_trials)],
         "second_seed": rng.randrange(1, 2**62),
@@ -117,7 +136,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     }
     from opsynth.reward.rounds import RoundSession, TimingPlan, session_handler
 
-    plan = TimingPlan.draw(*cfg.timing(device), cfg.atol, cfg.rtol)  # seeds reach the reference on stdin only
+    plan = TimingPlan.draw(*cfg.timing(device), tcfg.atol, tcfg.rtol)  # seeds reach the reference on stdin only
     ref_rounds = RoundSession(plan, end=len(plan.seeds))  # the reference runs the re-measure rounds too
     res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
                     env_extra=_device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
@@ -144,12 +163,13 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms, task_mode)
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
+    job["n_inputs"], job["param_names"] = res.data.get("n_inputs"), res.data.get("param_names")  # a backward step's
     from opsynth.reward import floor
 
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
-                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device))
+                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg)
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -180,6 +200,9 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
                 "has_second": ref.job["has_second"],
                 "init_seed": ref.job["init_seed"],
                 "task_mode": ref.job["task_mode"],
+                "task_kind": ref.job["task_kind"],
+                "n_inputs": ref.job.get("n_inputs"),
+                "param_names": ref.job.get("param_names"),
                 "timing": ref.job["timing"],
                 "flush_l2": cfg.flush_l2,
                 "outputs_path": str(scratch / "cand_outputs.pt"),
@@ -235,9 +258,11 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
 
     t_judge = time.perf_counter()
     cand = torch.load(job["outputs_path"], weights_only=True)
-    verdict, detail = judge_outputs(ref.outputs, cand, cfg)
+    tcfg = ref.cfg or cfg  # the task's tolerance
+    details["settings"] = tcfg.quoted_settings()
+    verdict, detail = judge_outputs(ref.outputs, cand, tcfg)
     if verdict == "ok":
-        verdict, detail = _judge_timing(ref, rounds, cand, cfg, times, details, off)
+        verdict, detail = _judge_timing(ref, rounds, cand, tcfg, times, details, off)
     times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
     log = (log + "\n" + detail).strip()
     if verdict != "ok":

@@ -61,6 +61,8 @@ class OpAudit(TorchDispatchMode):
         self.poison = False  # fill fresh torch.empty* results with NaN (checked calls, not timed ones)
         self.violations: list[str] = []
         self.stream_use: list[str] = []
+        self.watch_upcast = False  # a reduced-precision task: record widening conversions (upcasts)
+        self.upcasts: list[str] = []
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         if self.armed:
@@ -70,12 +72,38 @@ class OpAudit(TorchDispatchMode):
                 self.violations.append(f"{ns}.{name}")
                 raise ForbiddenOp(f"torch op {ns}.{name} called inside ModelNew.forward")
         out = func(*args, **(kwargs or {}))
+        if self.armed and self.watch_upcast and getattr(func, "_opname", "") in CONVERSION_OPS:
+            why = widening(func, args, out)
+            if why:
+                self.upcasts.append(why)
         if self.armed and self.poison and getattr(func, "_opname", "") in EMPTY_OPS and isinstance(out, torch.Tensor):
             poison_fill(out)
         return out
 
 
 EMPTY_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+# Allowed ops that can change a tensor's dtype: on a reduced-precision task, one that widens a
+# floating tensor of more than one element (bf16 -> float32) is a float32 computation in the making.
+CONVERSION_OPS = {"_to_copy", "to", "copy_", "_copy_from", "_copy_from_and_resize"}
+
+
+def widening(func, args, out) -> str | None:
+    """'aten.<op> <from> -> <to> of shape ...' when this conversion widens a floating tensor, else None."""
+    name = getattr(func, "_opname", "")
+    if name == "copy_" and len(args) >= 2:
+        dst, src = args[0], args[1]
+    elif name in ("_copy_from", "_copy_from_and_resize") and len(args) >= 2:
+        src, dst = args[0], args[1]
+    else:
+        src, dst = (args[0] if args else None), out
+    if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
+        return None
+    if not (src.is_floating_point() and dst.is_floating_point()) or src.numel() <= 1:
+        return None
+    if torch.finfo(dst.dtype).bits <= torch.finfo(src.dtype).bits:
+        return None
+    return (f"aten.{name} widened a {str(src.dtype).removeprefix('torch.')} tensor of shape {tuple(src.shape)} "
+            f"to {str(dst.dtype).removeprefix('torch.')}")
 
 
 def poison_fill(t: "torch.Tensor") -> None:

@@ -60,6 +60,17 @@ RULES: dict[str, str] = {
     "any_size": "Handle any input size, not only the sizes in `get_inputs()`: outputs are checked again with a different batch size.",
     "match": "Outputs must match `Model` within atol = rtol = 1e-2: the same number of outputs, shapes, dtypes and device, "
              "computed at full precision (not in a lower one).",
+    "precision": "Work in the task's precision (its `dtype`: float32 unless the file sets `dtype = torch.bfloat16` or "
+                 "`torch.float16`): inputs arrive in it, and ModelNew's parameters, buffers and outputs stay in it. Do not "
+                 "widen tensors to float32 with torch (`.float()`, `.to(torch.float32)`, float32 copies of weights): "
+                 "computing in float32 and casting back is refused; converting inside your kernels (float32 registers "
+                 "and accumulators) is how reduced-precision kernels work and is fine.",
+    "backward": "A backward task (`task_pass = \"backward\"`) is checked and timed as forward plus backward: the harness "
+                "calls `out = ModelNew(*inputs)` with the floating inputs and every parameter requiring gradients, then "
+                "`torch.autograd.grad(out, inputs + parameters, grad_output)` for a fresh random `grad_output`, and "
+                "compares the output and every gradient with `Model`'s. Give `forward` a backward of your own kernels "
+                "(a `torch.autograd.Function`); the backward runs under the same rules as `forward`, so autograd over "
+                "torch operators is refused.",
     "build_flags": "Compiler arguments are allow-listed: optimisation levels (-O0..-O3, -Ofast), -std=, -D/-U macros, -g, -w, "
                    "-W warnings, -march/-mtune, -fopenmp, -ffast-math, -funroll-loops, -fPIC; for nvcc also -arch/-gencode, "
                    "--use_fast_math, -lineinfo, --maxrregcount, -Xptxas -v/-O3/--maxrregcount=N, --expt-relaxed-constexpr, "
@@ -105,6 +116,10 @@ REASONS: dict[str, Reason] = {
     "low_precision": Reason("correctness", "match", "the outputs are close only within 10x the tolerance (reduced-precision compute)"),
     "wrong_shape": Reason("correctness", "match", "an output has the wrong shape, or there are too many or too few outputs"),
     "wrong_dtype": Reason("correctness", "match", "an output has the wrong dtype"),
+    "fp32_upcast": Reason("anti_hacking", "precision", "the program computes a reduced-precision task in float32: an output, "
+                          "a parameter or a tensor it widened with torch is in a wider dtype than the task's"),
+    "missing_gradient": Reason("correctness", "backward", "a backward task's gradient is missing: `forward`'s output does not "
+                               "depend differentiably on an input or parameter (no autograd.Function backward)"),
     "wrong_type": Reason("correctness", "match", "an output is not a tensor"),
     "wrong_device": Reason("correctness", "match", "an output is on the wrong device"),
     "near_constant_output": Reason("correctness", "match", "the output is (nearly) constant while `Model`'s varies with the input"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 
+from opsynth.reward.compare import as_output_list
 from opsynth.runtime.child import child_main, device_lock
 
 
@@ -39,7 +40,7 @@ def _read_plan() -> dict | None:
     return json.loads(raw) if raw.strip() else None
 
 
-def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> dict:
+def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str) -> dict:
     """The reference side of the timed rounds (opsynth.reward.rounds): for every round's fresh
     inputs, Model's fingerprints and their tolerance; in full for the kept rounds.
     The same code as the candidate's rounds, so the parent's clock sees the same overhead."""
@@ -69,7 +70,7 @@ def _timed_rounds(job: dict, model, trials: list, plan: dict, device: str) -> di
     timer = Timer(device, job.get("flush_l2", True))
     chan = Channel(child.BUILD_FD)
     with torch.no_grad():
-        kept, fps = run_rounds(model, buffers, stacked, timer, chan, range(len(plan["seeds"])), check_call=check, after_report=after)
+        kept, fps = run_rounds(call, buffers, stacked, timer, chan, range(len(plan["seeds"])), check_call=check, after_report=after)
     chan.request({"kind": "timing_done"})
     rounds = [{"fp": fps[j], "scale": scale[j]} for j in range(len(plan["seeds"]))]
     return {"rounds": rounds, "round_outputs": kept}
@@ -105,11 +106,15 @@ def run(job: dict) -> dict:
 def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
     import torch
 
+    from opsynth.render.task_file import task_step
     from opsynth.runtime.timing import time_forward
 
     try:
         t0 = time.perf_counter()
         compiled = torch.compile(model)
+        kind = _kind(job)
+        if kind.backward:  # forward and backward of the compiled model, on the same gradients
+            compiled = task_step(compiled, kind, result["n_inputs"], result["param_names"], owner=model)
         with torch.no_grad():
             compiled(*buffers)  # compiles (CPU work) outside the lock; one forward on the device
         print(f"[reference] torch.compile took {time.perf_counter() - t0:.1f} s", flush=True)
@@ -121,12 +126,34 @@ def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, 
         print("[reference] torch.compile baseline failed; reward 3 is out of reach", flush=True)
 
 
-def _run(job: dict):
-    """Reference outputs and the eager timing (under the device lock); returns (result, what the
-    compile baseline needs, or None)."""
+def _kind(job: dict):
+    from opsynth.render.task_file import TaskKind
+
+    return TaskKind(**(job.get("task_kind") or {}))
+
+
+def _call_args(mod, model, kind, seed: int, device: str):
+    """One call's arguments: the task's inputs from `seed`, and for a backward task the
+    grad_outputs drawn for them (`task_file.grad_outputs`), after them."""
     import torch
 
-    from opsynth.render.task_file import load_task_module, set_mode, with_second_shape
+    from opsynth.render.task_file import grad_outputs
+
+    inputs = _make_inputs(mod, seed, device)
+    if not kind.backward:
+        return inputs
+    with torch.no_grad():
+        shapes = as_output_list(model(*inputs))
+    return [*inputs, *grad_outputs(shapes, seed)]
+
+
+def _run(job: dict):
+    """Reference outputs and the eager timing (under the device lock); returns (result, what the
+    compile baseline needs, or None). The call is the task's step (`task_file.task_step`): Model's
+    forward, or for a backward task its forward and gradients."""
+    import torch
+
+    from opsynth.render.task_file import load_task_module, parameter_names, set_mode, task_step, with_second_shape
     from opsynth.reward.compare import as_output_list
     from opsynth.runtime.timing import Timer, time_forward
 
@@ -141,6 +168,13 @@ def _run(job: dict):
         with torch.device(device):
             model = mod.Model(*init_inputs)
         model = set_mode(model.to(device), job.get("task_mode"))
+        kind = _kind(job)
+        n_inputs = None
+        if kind.backward:
+            with torch.device("meta"):  # how many inputs a call has (the grad_outputs follow them)
+                n_inputs = len(mod.get_inputs())
+        names = parameter_names(model) if kind.backward else None
+        call = task_step(model, kind, n_inputs, names)
     except Exception:
         traceback.print_exc()
         return {"reason": "task_error"}, None
@@ -148,10 +182,11 @@ def _run(job: dict):
     trials, outputs = [], []
     with torch.no_grad():
         for seed in job["trial_seeds"]:
-            inputs = _make_inputs(mod, int(seed), device)
-            out = as_output_list(model(*inputs))
+            inputs = _call_args(mod, model, kind, int(seed), device)
+            out = as_output_list(call(*inputs))
             if not all(isinstance(o, torch.Tensor) for o in out):
-                return {"reason": "task_error", "error": "Model output is not tensors"}, None
+                return {"reason": "task_error", "error": "a gradient of Model does not exist" if kind.backward
+                        else "Model output is not tensors"}, None
             trials.append(_to_cpu(inputs))
             outputs.append(_to_cpu(out))
         second_inputs = second_outputs = None
@@ -159,13 +194,13 @@ def _run(job: dict):
             src2 = with_second_shape(source)
             if src2 is not None:
                 mod2 = load_task_module(src2, "task_module_second")
-                inputs = _make_inputs(mod2, int(job["second_seed"]), device)
+                inputs = _call_args(mod2, model, kind, int(job["second_seed"]), device)
                 second_inputs = _to_cpu(inputs)
-                second_outputs = _to_cpu(as_output_list(model(*inputs)))
+                second_outputs = _to_cpu(as_output_list(call(*inputs)))
 
     meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
     plan = _read_plan()
-    rounds = _timed_rounds(job, model, trials, plan, device) if plan else None
+    rounds = _timed_rounds(job, call, trials, plan, device) if plan else None
     torch.save(init_inputs, job["init_path"])
     torch.save(
         {
@@ -182,7 +217,9 @@ def _run(job: dict):
         "has_second": second_inputs is not None,
         "eager_ms": None,
         "compile_ms": None,
-        **_flops(model, trials[0], device),
+        "n_inputs": n_inputs,
+        "param_names": names,
+        **_flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device),
     }
     if not job.get("measure_baselines"):
         return result, None
@@ -192,7 +229,7 @@ def _run(job: dict):
     contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
     buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
     with torch.no_grad():
-        result["eager_ms"], _ = time_forward(model, buffers, contents, timer, warmup, repeats)
+        result["eager_ms"], _ = time_forward(call, buffers, contents, timer, warmup, repeats)
         print(f"[reference] eager {result['eager_ms']:.4f} ms", flush=True)
     if job.get("compile_baseline"):
         return result, (model, buffers, contents, timer, warmup, repeats)

@@ -70,7 +70,7 @@ def _shard_facts(output_dir: Path) -> dict[str, Any]:
         md = pq.ParquetFile(s.path).metadata
         num_bytes += sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
         download += s.path.stat().st_size
-    rows = read_rows(output_dir, columns=["data_source", "num_ops", "device", "torch_version"])
+    rows = read_rows(output_dir, columns=["data_source", "num_ops", "device", "torch_version", "dtype", "task_pass"])
     return {
         "num_shards": len(shards),
         "num_examples": len(rows),
@@ -79,6 +79,7 @@ def _shard_facts(output_dir: Path) -> dict[str, Any]:
         "mixture": Counter(r["data_source"] for r in rows),
         "devices": Counter(r["device"] for r in rows),
         "torch_versions": Counter(r["torch_version"] for r in rows),
+        "kinds": Counter((r["dtype"], r["task_pass"]) for r in rows),
     }
 
 
@@ -180,6 +181,35 @@ def _checks_section(stats: RunStats) -> list[str]:
     return out
 
 
+def _precision_section(facts: dict[str, Any], stats: RunStats) -> list[str]:
+    """Rows by precision and pass, each precision's tolerances, and the loss a backward task states."""
+    n = facts["num_examples"]
+    p = stats.precisions or {}
+    dtypes, passes = p.get("dtypes") or {}, p.get("passes") or {}
+    out = ["", "## Precisions and passes", "",
+           "A task's precision (`dtype`) and pass (`task_pass`) are part of its code: float inputs are made in "
+           "`dtype` (`dtype = torch.<name>` at module level, absent for float32) and `Model.__init__` ends with "
+           "`self.to(dtype)`; a backward task sets `task_pass = \"backward\"`. Operators that do not run in a "
+           "precision or pass on the verifying device are excluded for it by the catalog before sampling. "
+           "The runtime band applies to the task's pass (forward, or forward and backward) in its precision.", ""]
+    kinds = sorted(facts.get("kinds", {}).items())
+    out.append(_table(["dtype", "task_pass", "rows", "share"],
+                      [[f"`{d}`", f"`{t}`", c, _pct(c / n if n else None)] for (d, t), c in kinds]))
+    if dtypes:
+        out += ["", _table(["dtype", "target share", "atol", "rtol", "determinism atol", "determinism rtol"],
+                           [[f"`{d}`", _pct(v.get("target")), v.get("atol"), v.get("rtol"), v.get("det_atol"),
+                             v.get("det_rtol")] for d, v in sorted(dtypes.items())])]
+        out += ["", "The compile check, input sensitivity and the reward compare within `atol + rtol |reference|` of the "
+                "task's precision; determinism within its tighter pair."]
+    if passes:
+        out += ["", "Target passes: " + ", ".join(f"`{k}` {_pct(v)}" for k, v in sorted(passes.items())) + "."]
+    if p.get("backward_loss"):
+        out += ["", f"A backward task asks for the forward output and {p['backward_loss']}. The verifier checks that "
+                "every gradient exists, is finite, deterministic and input-sensitive; `eager_ms` and `compile_ms` "
+                "time forward and backward together."]
+    return out
+
+
 def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name: str, load_path: str) -> str:
     n = facts["num_examples"]
     th = stats.thresholds
@@ -217,6 +247,7 @@ def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name:
           _pct(stats.target_mixture[s] / tgt_total) if s in stats.target_mixture and tgt_total else "–"]
          for s in sources],
     ))
+    out += _precision_section(facts, stats)
     out += ["", "## Filters and thresholds", ""]
     if th:
         shown = {k: v for k, v in th.items() if k != "verify_device"}

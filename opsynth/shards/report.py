@@ -105,6 +105,15 @@ def diversity(rows: list[Mapping[str, Any]], signature_of: Callable[[Mapping[str
     }
 
 
+def by_kind(rows: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Rows, eager and compile runtimes per precision and pass (`float32/forward`, `bfloat16/backward`, ...)."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(f"{r.get('dtype', 'float32')}/{r.get('task_pass', 'forward')}", []).append(r)
+    return {k: {"rows": len(g), "eager_ms": summarize(r["eager_ms"] for r in g),
+                "compile_ms": summarize(r["compile_ms"] for r in g)} for k, g in sorted(groups.items())}
+
+
 def _clip(v: Any) -> Any:
     if isinstance(v, str) and len(v) > _MAX_EXAMPLE_CHARS:
         return v[:_MAX_EXAMPLE_CHARS] + "…"
@@ -358,6 +367,7 @@ def write_report(
             "compile_speedup": summarize(speedup),
             "kb_max_similarity": summarize(sim),
             "diversity": diversity(rows, signature_of),
+            "by_kind": by_kind(rows),
         },
         "rejections": rej,
         "plots": {k: f"{PLOTS_DIR}/{v}" for k, v in plots.items()},

@@ -36,6 +36,8 @@ SCHEMA = pa.schema(
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("mode", pa.string(), nullable=False),
         pa.field("trace_signature", pa.string(), nullable=False),
+        pa.field("dtype", pa.string(), nullable=False),
+        pa.field("task_pass", pa.string(), nullable=False),
     ]
 )
 
@@ -59,6 +61,10 @@ DESCRIPTIONS: dict[str, str] = {
             "e.g. BatchNorm's batch statistics); the verifier and the reward run it so",
     "trace_signature": "hash of the forward's torch calls and their wiring, up to sizes and constants "
                        "(no two rows share one)",
+    "dtype": "the precision the task's inputs and parameters are made in (`float32`, `bfloat16`, `float16`); "
+             "also stated in `code` (`dtype = torch.<name>`, absent for float32)",
+    "task_pass": "`forward`, or `backward`: the task asks for the output and the gradients of sum(output * grad_output) "
+                 "with respect to every floating input and parameter (stated in `code` as `task_pass = \"backward\"`)",
 }
 
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)

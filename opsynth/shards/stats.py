@@ -63,6 +63,9 @@ class RunStats:
     reference_rates: dict[str, Any] = field(default_factory=dict)
     measured_peaks: dict[str, Any] = field(default_factory=dict)
     cost_model: dict[str, Any] = field(default_factory=dict)
+    # Precisions and passes: {"dtypes": {name: {target, atol, rtol, det_atol, det_rtol}}, "passes":
+    # {name: target}, "backward_loss": words}; the card prints them with the rows' counts.
+    precisions: dict[str, Any] = field(default_factory=dict)
 
     def accept(self, n: int = 1) -> None:
         self.accepted += n

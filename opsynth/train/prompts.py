@@ -56,8 +56,13 @@ KERNEL_BRIEF = _brief()
 
 
 def build_prompt(task_code: str, brief: str = KERNEL_BRIEF) -> str:
-    """The user message: the brief, then the task file verbatim."""
-    return f"{brief}\n\nThe program to optimise:\n\n```python\n{task_code.strip()}\n```\n"
+    """The user message: the brief, the task's precision and pass when it is not float32 forward
+    (`opsynth.reward.kinds.kind_brief`), then the task file verbatim."""
+    from opsynth.reward.kinds import kind_brief
+
+    kind = kind_brief(task_code)
+    kind = f"\n\n{kind}" if kind else ""
+    return f"{brief}{kind}\n\nThe program to optimise:\n\n```python\n{task_code.strip()}\n```\n"
 
 
 def build_messages(task_code: str, brief: str = KERNEL_BRIEF) -> list[dict[str, str]]:

@@ -264,6 +264,82 @@ def choose_mode(model: torch.nn.Module, inputs: list[Any], atol: float, rtol: fl
     return mode, trace
 
 
+def read_kind(source: str):
+    """The task's precision and pass (`opsynth.render.task_file.task_kind`), `load_error` if it states an unknown one."""
+    from opsynth.render.task_file import task_kind
+
+    try:
+        return task_kind(source)
+    except ValueError as exc:
+        raise Reject("load_error", str(exc)) from None
+
+
+def kind_tolerance(kind, cfg):
+    """The tolerances this task is checked with: the configured ones for float32 (`verify.atol`,
+    `rtol`, `det_atol`, `det_rtol`), the task contract's table for a reduced precision."""
+    from opsynth.render.task_file import Tolerance, tolerance
+
+    if kind.dtype == "float32":
+        return Tolerance(cfg.atol, cfg.rtol, cfg.det_atol, cfg.det_rtol)
+    return tolerance(kind.dtype)
+
+
+def check_precision(model: torch.nn.Module, inputs: list[Any], outputs: list[torch.Tensor], kind) -> None:
+    """Every floating input, parameter, buffer and output is in the task's precision: a chain that
+    leaves it (an operator returning float32 from bfloat16) is not a task in that precision."""
+    want = kind.torch_dtype()
+    named = [(f"input {i}", x) for i, x in enumerate(inputs)]
+    named += [(f"parameter {n}", p) for n, p in model.named_parameters()]
+    named += [(f"buffer {n}", b) for n, b in model.named_buffers()]
+    named += [(f"output {i}", o) for i, o in enumerate(outputs)]
+    for label, t in named:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != want:
+            raise Reject("dtype_mismatch", f"{label} is {str(t.dtype).removeprefix('torch.')}, the task is {kind.dtype}")
+
+
+def kind_signature(signature: str, kind) -> str:
+    """The trace signature of a task of this kind: the forward's, and for any other kind than float32
+    forward its precision and pass too (the same chain in bf16, or backward, is another task)."""
+    if kind.is_default:
+        return signature
+    import hashlib
+
+    return hashlib.sha256(f"{signature}|{kind.dtype}|{kind.task_pass}".encode()).hexdigest()[:16]
+
+
+def run_step(step, args: list[Any], device: str, default: str = "backward_error") -> list:
+    """One backward step (`opsynth.render.task_file.task_step`) on copies of the arguments:
+    outputs then gradients, None for a missing gradient."""
+    try:
+        out = step(*_cloned(args))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return [t.detach() if isinstance(t, torch.Tensor) else t for t in out]
+    except BaseException as exc:  # noqa: BLE001
+        raise classify(exc, default) from None
+
+
+def check_gradients(grads: list, labels: list[str], label: str) -> list[torch.Tensor]:
+    """Every gradient exists and is finite (`no_gradient`, `non_finite`); returns them."""
+    for name, g in zip(labels, grads):
+        if g is None:
+            raise Reject("no_gradient", f"{name} does not exist (nothing it holds reaches the output differentiably)")
+    for name, g in zip(labels, grads):
+        if not bool(torch.isfinite(g).all()):
+            raise Reject("non_finite", f"{name} on {label} inputs has NaN or Inf")
+    return list(grads)
+
+
+def check_gradients_sensitive(a: list[torch.Tensor], b: list[torch.Tensor], labels: list[str], atol: float,
+                              rtol: float) -> None:
+    """Each gradient differs between two draws of inputs and grad_output beyond atol/rtol (a zero or
+    constant gradient teaches no backward kernel)."""
+    for name, x, y in zip(labels, a, b):
+        if close([x], [y], atol, rtol):
+            raise Reject("gradient_insensitive", f"{name} is equal within tolerance for two different random "
+                         "inputs and grad_outputs", max_abs_diff=max_diff([x], [y]))
+
+
 def check_state_used(model: torch.nn.Module, trace) -> None:
     """Reject a Model whose `__init__` made parameters, buffers or submodules its forward (in the
     task's mode) never reads: a kernel that ignores them is still correct, and they teach nothing."""

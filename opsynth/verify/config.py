@@ -211,18 +211,21 @@ class VerifyConfig:
         lim = self.limits(device)
         return lim.min_ms * (1 + self.edge_margin_low), lim.max_ms * (1 - self.edge_margin)
 
-    def rates(self, device: str):
-        """The cost model's reference rates on ``device`` ("cpu" or "cuda")."""
-        from opsynth.graph.cost import SLOWDOWN, Rates
+    def rates(self, device: str, dtype: str = "float32"):
+        """The cost model's reference rates on ``device`` ("cpu" or "cuda") for tasks in ``dtype``."""
+        from opsynth.graph.cost import DTYPE_SLOWDOWN, SLOWDOWN, Rates
 
         kind = "cpu" if device == "cpu" else "cuda"
+        slow = dict(SLOWDOWN[kind])
+        for cls, factor in DTYPE_SLOWDOWN[kind].get(dtype, {}).items():
+            slow[cls] = slow.get(cls, 1.0) * factor
         p = "cpu_" if kind == "cpu" else ""
 
         def g(k: str) -> float:
             return float(getattr(self, p + k))
 
         return Rates(g("cost_tflops") * 1e12, g("cost_gbps") * 1e9, g("cost_gelems") * 1e9,
-                     g("cost_kernel_us") * 1e-6, tuple(sorted(SLOWDOWN[kind].items())))
+                     g("cost_kernel_us") * 1e-6, tuple(sorted(slow.items())))
 
     def targets(self, device: str) -> tuple[float, float]:
         """(median, 90th percentile) of the runtime targets on ``device``."""

@@ -42,6 +42,11 @@ REASONS: dict[str, str] = {
     "compile_error": "torch.compile (or running the compiled model) raised",
     "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
     "worker_error": "the verifier itself failed (a bug, not the task's fault)",
+    "dtype_mismatch": "a floating input, parameter, buffer or output is not in the task's precision (its `dtype`)",
+    "backward_error": "a backward task's forward-and-gradients step raised (an operator without a derivative)",
+    "no_gradient": "a backward task has no gradient for one of its floating inputs or parameters",
+    "gradient_insensitive": "a backward task's gradient is equal within tolerance for two different random inputs "
+                            "and grad_outputs (zero or constant)",
 }
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from opsynth.graph import OpGraph
 from opsynth.graph.cost import AffineCost, GraphCost, predict_ms, replay_cost
+from opsynth.render.task_file import PASS_COST
 
 from .config import VerifyConfig
 
@@ -107,15 +108,17 @@ class _Costs:
 def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: str) -> SizeChoice:
     """The batch size for this candidate (see the module docstring). Deterministic: it reads the
     graph, the seed and the settings, nothing else."""
-    rates = cfg.rates(device)
-    cap = cfg.limits(device).mem_cap_gb * 2**30 * MEM_SHARE
+    rates = cfg.rates(device, graph.dtype)
+    # A backward step costs PASS_COST forwards, in time and (saved activations, gradients) in memory.
+    steps = PASS_COST[graph.task_pass]
+    cap = cfg.limits(device).mem_cap_gb * 2**30 * MEM_SHARE / steps
     target = draw_target_ms(seed, cfg, device)
     lo, hi = target_window(cfg, device)
     costs = _Costs(graph, catalog)
 
     def pred(b: int) -> float:
         c = costs(b)
-        return math.inf if c is None else max(predict_ms(c, rates), 1e-9)  # views only: nothing runs
+        return math.inf if c is None else max(steps * predict_ms(c, rates), 1e-9)  # views only: nothing runs
 
     def fits(b: int) -> bool:
         c = costs(b)
@@ -154,8 +157,8 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
     if final is None:
         return SizeChoice(batch, target, math.inf, math.inf, "size_error",
                           f"the operators do not run at batch_size {batch} (replayed on meta tensors)")
-    p = max(predict_ms(final, rates), 1e-9)
-    peak_mb = final.peak_bytes / 2**20
+    p = max(steps * predict_ms(final, rates), 1e-9)
+    peak_mb = steps * final.peak_bytes / 2**20
     if p < lo:
         why = ("the memory budget allows no larger batch_size" if batch == top and top < MAX_BATCH
                else "the prediction does not grow with batch_size")

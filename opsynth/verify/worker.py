@@ -230,28 +230,41 @@ class Worker:
 
     # --- requests -------------------------------------------------------------------------------
     def eager(self, source: str) -> dict[str, Any]:
+        from opsynth.render.task_file import gradient_labels, grad_outputs, parameter_names, task_step
+
         from . import checks as C
 
         torch, dev, c = self.torch, self.device, self.cfg
         t_request = time.time()
+        kind = C.read_kind(source)
+        tol = C.kind_tolerance(kind, c)
         mod = C.load_task(source)
         probe = MemoryProbe(dev)
         probe.start()
         model = C.build_model(mod, dev)
         inputs = C.make_inputs(mod, dev, C.SEED_INPUTS)
         out1 = C.flat_tensors(C.forward(model, inputs, dev))
+        step = labels = None
+        if kind.backward:  # the step's memory (saved activations, gradients) counts toward the cap
+            names = parameter_names(model)
+            step, labels = task_step(model, kind, len(inputs), names), gradient_labels(inputs, names)
+            n_out = len(out1)
+            g1 = grad_outputs(out1, C.SEED_INPUTS)
+            step1 = C.run_step(step, [*inputs, *g1], dev)
         peak = probe.peak_bytes()
         C.check_outputs_exist(out1)
         cap = self.limits.mem_cap_gb * 2**30
         if peak > cap:
             raise C.Reject("mem_cap", f"peak memory {peak / 2**30:.2f} GB above cap {self.limits.mem_cap_gb} GB",
                            peak_mem_mb=peak / 2**20)
+        if kind.dtype != "float32":
+            C.check_precision(model, inputs, out1, kind)
         C.check_finite(out1, "first")
         C.check_not_constant(out1)
         inputs_b = C.make_inputs(mod, dev, C.SEED_INPUTS_ALT)
         C.check_inputs_vary(inputs, inputs_b)
         # The task's mode, and what its forward reads and calls in that mode (two watched forwards).
-        mode, trace = C.choose_mode(model, inputs, c.atol, c.rtol)
+        mode, trace = C.choose_mode(model, inputs, tol.atol, tol.rtol)
         C.check_state_used(model, trace)
         if mode != "train":  # out1 ran as constructed (train mode): the checks below are the mode's
             del out1
@@ -259,17 +272,30 @@ class Worker:
             C.check_finite(out1, "first")
             C.check_not_constant(out1)
         out2 = C.flat_tensors(C.forward(model, inputs, dev))
-        C.check_deterministic(out1, out2, c.det_atol, c.det_rtol)
+        C.check_deterministic(out1, out2, tol.det_atol, tol.det_rtol)
         del out2
         out_b = C.flat_tensors(C.forward(model, inputs_b, dev))
         C.check_finite(out_b, "second")
-        C.check_input_sensitive(out1, out_b, c.atol, c.rtol)
+        C.check_input_sensitive(out1, out_b, tol.atol, tol.rtol)
+        args = inputs
+        if kind.backward:  # gradients exist, are finite, deterministic and input-sensitive (in the mode)
+            if mode != "train":
+                step1 = C.run_step(step, [*inputs, *g1], dev)
+            grads1 = C.check_gradients(step1[n_out:], labels, "first")
+            grads2 = C.run_step(step, [*inputs, *g1], dev)[n_out:]
+            C.check_deterministic(grads1, C.check_gradients(grads2, labels, "first"), tol.det_atol, tol.det_rtol)
+            args = [*inputs, *g1]
+            grads_b = C.check_gradients(C.run_step(step, [*inputs_b, *grad_outputs(out_b, C.SEED_INPUTS_ALT)], dev)[n_out:],
+                                        labels, "second")
+            C.check_gradients_sensitive(grads1, grads_b, labels, tol.atol, tol.rtol)
+            del step1, grads1, grads2, grads_b
         spec = C.output_spec(out1)
         del out_b, inputs_b, out1
+        call = step if step is not None else model
 
         def run() -> None:
             with torch.no_grad():
-                model(*inputs)
+                call(*args)
 
         try:
             eager_ms, n, timings = self._time_eager(run, t_request)
@@ -277,11 +303,11 @@ class Worker:
             raise C.classify(exc, "eager_error") from None
         clock = "cuda_events" if dev == "cuda" else cpu_clock()[0]
         return {"eager_ms": eager_ms, "timed_runs": n, "timings": timings, "clock": clock,
-                "peak_mem_mb": peak / 2**20, "outputs": spec, "mode": mode, "signature": trace.signature(),
-                "calls": trace.op_names()}
+                "peak_mem_mb": peak / 2**20, "outputs": spec, "mode": mode,
+                "signature": C.kind_signature(trace.signature(), kind), "calls": trace.op_names()}
 
     def compile(self, source: str, mode: str | None = None) -> dict[str, Any]:
-        from opsynth.render.task_file import set_mode
+        from opsynth.render.task_file import grad_outputs, parameter_names, set_mode, task_step
 
         from . import checks as C
 
@@ -294,6 +320,8 @@ class Worker:
             protocol.send(self.resp_fd, {"event": "resume"})
         t_request = time.time()
         torch._dynamo.reset()
+        kind = C.read_kind(source)
+        tol = C.kind_tolerance(kind, c)
         mod = C.load_task(source)
         model = C.build_model(mod, dev)
         set_mode(model, mode)  # the mode the eager request chose
@@ -301,24 +329,37 @@ class Worker:
         inputs_b = C.make_inputs(mod, dev, C.SEED_INPUTS_ALT)
         ref = C.flat_tensors(C.forward(model, inputs, dev))
         ref_b = C.flat_tensors(C.forward(model, inputs_b, dev))
+        if kind.backward:  # forward and gradients, eager against compiled, on the same grad_outputs
+            names, n_in = parameter_names(model), len(inputs)
+            inputs = [*inputs, *grad_outputs(ref, C.SEED_INPUTS)]
+            inputs_b = [*inputs_b, *grad_outputs(ref_b, C.SEED_INPUTS_ALT)]
+            eager_step = task_step(model, kind, n_in, names)
+            ref, ref_b = C.run_step(eager_step, inputs, dev), C.run_step(eager_step, inputs_b, dev)
         try:
             compiled = torch.compile(model, backend=c.compile_backend, mode=c.compile_mode)
+            call = task_step(compiled, kind, n_in, names, owner=model) if kind.backward else compiled
         except BaseException as exc:  # noqa: BLE001
             raise C.classify(exc, "compile_error") from None
+
+        def outputs(args):
+            if kind.backward:
+                return C.run_step(call, args, dev, default="compile_error")
+            return C.flat_tensors(C.forward(call, args, dev, default="compile_error"))
+
         t0 = time.perf_counter()
-        out = C.flat_tensors(C.forward(compiled, inputs, dev, default="compile_error"))
+        out = outputs(inputs)
         compile_s = time.perf_counter() - t0
         for label, got, want in (("first", out, ref), ("second", None, ref_b)):
             if got is None:
-                got = C.flat_tensors(C.forward(compiled, inputs_b, dev, default="compile_error"))
-            if not C.close(got, want, c.atol, c.rtol):
+                got = outputs(inputs_b)
+            if not C.close(got, want, tol.atol, tol.rtol):
                 raise C.Reject("compile_mismatch", f"compiled output differs from eager on {label} inputs",
-                               max_abs_diff=C.max_diff(got, want), atol=c.atol, rtol=c.rtol)
+                               max_abs_diff=C.max_diff(got, want), atol=tol.atol, rtol=tol.rtol)
         del out, ref, ref_b, inputs_b
 
         def run() -> None:
             with torch.no_grad():
-                compiled(*inputs)
+                call(*inputs)
 
         try:
             compile_ms, n = self._time(run, t_request)

@@ -32,11 +32,6 @@ def cpu_candidate(name: str) -> str:
     return PRELUDE + "\n" + (CANDS / "cpu" / f"{name}.py").read_text()
 
 
-@pytest.fixture(scope="session")
-def reward_cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("reward_cache"))
-
-
 def _cfg(cache: str, **kw) -> RewardConfig:
     # One thread per child and a 21-call median: on a loaded 2-core runner, multi-threaded timings of a
     # few calls were bimodal (0.7 or 3 ms for the same kernel) and flipped "faster than eager".

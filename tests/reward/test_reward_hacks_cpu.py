@@ -28,11 +28,6 @@ def candidate(name: str) -> str:
     return PRELUDE + "\n" + (ATTACKS + "\n" if "atk." in body else "") + body
 
 
-@pytest.fixture(scope="session")
-def reward_cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("reward_cache_hacks"))
-
-
 def _cfg(cache: str, **kw) -> RewardConfig:
     # As tests/reward/test_reward_cpu.py: 5 + 21 timed calls (call_count counts on them).
     base = dict(device="cpu", cache_dir=cache, compile_baseline=False, warmup=5, repeats=21, cpu_threads=1, prebuild=False)

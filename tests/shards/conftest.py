@@ -27,6 +27,8 @@ def _row(i: int) -> dict:
         "seed": 1000 + i,
         "mode": "eval" if i % 5 else "train",
         "trace_signature": f"{i:016x}",
+        "dtype": "float32",
+        "task_pass": "forward",
     }
 
 

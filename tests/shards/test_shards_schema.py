@@ -9,7 +9,7 @@ from opsynth.shards.schema import COLUMNS, SCHEMA, RowValidationError, check_sch
 DESIGN_COLUMNS = [
     "code", "ops", "data_source", "task_id", "num_ops", "graph", "input_shapes", "eager_ms",
     "compile_ms", "device", "torch_version", "kb_max_similarity", "kb_nearest", "seed",
-    "mode", "trace_signature",  # after the design's columns: Ops-6K's three stay first
+    "mode", "trace_signature", "dtype", "task_pass",  # after the design's columns: Ops-6K's three stay first
 ]
 
 

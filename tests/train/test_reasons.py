@@ -18,7 +18,7 @@ from opsynth.train.prompts import KERNEL_BRIEF
 REWARD_ROOM = Path(reasons.__file__).parent
 RUNTIME_ROOM = REWARD_ROOM.parent / "runtime"  # its children's verdicts (timeout, crashed, isolation_failed) reach the reward
 REASON_CALLS = {"Reject", "rejected", "ChildResult"}  # first argument is a reason
-IDENT = set("abcdefghijklmnopqrstuvwxyz_:")
+IDENT = set("abcdefghijklmnopqrstuvwxyz0123456789_:")  # reason names: lower case, digits (fp32_upcast), _ and :
 
 
 def _strings(node) -> set[str]:

@@ -84,11 +84,59 @@ torch::Tensor linear_relu(torch::Tensor x, torch::Tensor w, torch::Tensor bias) 
 torch::Tensor linear_aten(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {  // BLAS via at::
     return at::relu(at::addmm(bias, x, w.t()));
 }
+
+// Precision and pass candidates (tests/reward/test_reward_kinds_cpu.py).
+torch::Tensor chain_bf16(torch::Tensor x, double s, double b) {  // reads and writes bf16, computes in float
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const at::BFloat16* p = xc.data_ptr<at::BFloat16>();
+    at::BFloat16* q = y.data_ptr<at::BFloat16>();
+    for (int64_t i = 0; i < xc.numel(); ++i) q[i] = at::BFloat16(chain1(float(p[i]), (float)s, (float)b));
+    return y;
+}
+
+torch::Tensor chain_bf16_to_f32(torch::Tensor x, double s, double b) {  // reads bf16, writes float32
+    auto xc = x.contiguous();
+    auto y = torch::empty(xc.sizes(), xc.options().dtype(torch::kFloat));
+    const at::BFloat16* p = xc.data_ptr<at::BFloat16>();
+    float* q = y.data_ptr<float>();
+    for (int64_t i = 0; i < xc.numel(); ++i) q[i] = chain1(float(p[i]), (float)s, (float)b);
+    return y;
+}
+
+torch::Tensor scale_relu(torch::Tensor x, torch::Tensor w) {  // y = relu(x * w), w per feature
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    const float* X = xc.data_ptr<float>(); const float* W = w.data_ptr<float>(); float* Y = y.data_ptr<float>();
+    int64_t d = w.numel(), n = xc.numel() / d;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < d; ++j) { float v = X[i * d + j] * W[j]; Y[i * d + j] = v > 0.f ? v : 0.f; }
+    return y;
+}
+
+std::vector<torch::Tensor> scale_relu_backward(torch::Tensor g, torch::Tensor x, torch::Tensor w, bool wrong) {
+    auto gc = g.contiguous(); auto xc = x.contiguous();
+    auto gx = torch::empty_like(xc);
+    auto gw = torch::empty_like(w);
+    const float* G = gc.data_ptr<float>(); const float* X = xc.data_ptr<float>(); const float* W = w.data_ptr<float>();
+    float* GX = gx.data_ptr<float>(); float* GW = gw.data_ptr<float>();
+    int64_t d = w.numel(), n = xc.numel() / d;
+    for (int64_t j = 0; j < d; ++j) GW[j] = 0.f;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < d; ++j) {
+            int64_t k = i * d + j;
+            float on = X[k] * W[j] > 0.f ? 1.f : 0.f;
+            GX[k] = G[k] * on * W[j];
+            GW[j] += G[k] * (wrong ? 1.f : on) * X[k];  // wrong: forgets the relu's mask
+        }
+    return {gx, gw};
+}
 """
 
 ext = load_inline(
     name="opsynth_test_ext",
     cpp_sources=_CPP,
-    functions=["chain", "chain_into", "chain_wrong", "chain_lowp", "chain_inplace", "chain_aten", "noop", "linear_relu", "linear_aten"],
+    functions=["chain", "chain_into", "chain_wrong", "chain_lowp", "chain_inplace", "chain_aten", "noop", "linear_relu", "linear_aten",
+               "chain_bf16", "chain_bf16_to_f32", "scale_relu", "scale_relu_backward"],
     extra_cflags=["-O3"],
 )
