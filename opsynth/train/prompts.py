@@ -55,9 +55,14 @@ def _brief(rules_by_key: dict[str, str] = RULES) -> str:
 KERNEL_BRIEF = _brief()
 
 
+def prompt_prefix(brief: str = KERNEL_BRIEF) -> str:
+    """What every prompt holds before the task's code: the brief and the fence that opens the code."""
+    return f"{brief}\n\nThe program to optimise:\n\n```python\n"
+
+
 def build_prompt(task_code: str, brief: str = KERNEL_BRIEF) -> str:
     """The user message: the brief, then the task file verbatim."""
-    return f"{brief}\n\nThe program to optimise:\n\n```python\n{task_code.strip()}\n```\n"
+    return f"{prompt_prefix(brief)}{task_code.strip()}\n```\n"
 
 
 def build_messages(task_code: str, brief: str = KERNEL_BRIEF) -> list[dict[str, str]]:

@@ -247,25 +247,39 @@ def train(
 
 
 def _load_policy(settings: TrainSettings, rows: list[dict[str, Any]], brief: str):
-    """The policy of `settings.policy` (the smoke policy warm-started on some of these tasks);
-    rank 0 builds or downloads it first, the other ranks then read it from the cache."""
+    """The policy of `settings.policy` (the smoke policy warm-started on these tasks' programs, at
+    the trainer's sampling temperature); rank 0 builds or downloads it first, the other ranks then
+    read it from the cache."""
     from accelerate import PartialState
 
     from opsynth.train.policy import SMOKE_NAME
-    from opsynth.train.warm_start import smoke_examples
+    from opsynth.train.warm_start import passages, size_variant_examples, smoke_examples
 
-    examples = []
-    if settings.policy.name_or_path == SMOKE_NAME:  # its programs are C++ or CUDA, as the reward runs them
-        device = reward_env_config(settings).resolved_device()
-        examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks, device)
-        if settings.policy.smoke.warm_start_tasks:
-            print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
-                  f"{'CUDA' if device == 'cuda' else 'C++'} programs"
-                  + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
-                     "the smoke policy will not write programs)"), flush=True)
+    examples: list[tuple[str, str]] = []
+    variants: list[tuple[str, str]] = []
+    device = reward_env_config(settings).resolved_device()
+    n = settings.policy.smoke.warm_start_tasks
+    if settings.policy.name_or_path == SMOKE_NAME and n != 0:  # its programs are C++ or CUDA, as the reward runs them
+        examples = smoke_examples(rows, n, device, brief=brief)
+        variants = size_variant_examples(rows, n, settings.policy.smoke.warm_start_size_variants, device, brief=brief)
+        print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
+              f"{'CUDA' if device == 'cuda' else 'C++'} programs"
+              + (f" (every one opsynth.train.warm_start can write)" if n is None and examples else "")
+              + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
+                 "the smoke policy will not write programs)"), flush=True)
     with PartialState().main_process_first():
         return load_policy(settings.policy, settings.output_dir, corpus=[brief] + [r["code"] for r in rows],
-                           warm_start_examples=examples)
+                           warm_start_examples=examples, passages=passages(device, brief),
+                           temperature=grpo_sampling_temperature(settings), warm_start_variants=variants)
+
+
+def grpo_sampling_temperature(settings: TrainSettings) -> float:
+    """The temperature GRPO samples completions at (the trainer's `temperature`, else GRPOConfig's)."""
+    if "temperature" in settings.trainer:
+        return float(settings.trainer["temperature"])
+    from trl import GRPOConfig
+
+    return float(next(f.default for f in dataclasses.fields(GRPOConfig) if f.name == "temperature"))
 
 
 @dataclass
