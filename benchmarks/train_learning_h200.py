@@ -12,8 +12,8 @@ Tasks: a generated shard folder (`--shards`), or tasks drawn here by the generat
 renderer (`--sample-seeds`, not verified: the reward runs each reference anyway), kept to those the
 smoke policy's warm start can write a program for (`--tasks lowerable`; on the others every episode
 scores -1 and GRPO has nothing to compare), split by the task-id hash into training and held-out
-tasks (`--heldout-fraction`). The policy is the smoke policy warm-started on every training task's
-program (`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
+tasks (`--heldout-fraction`), the first `--limit-tasks` training tasks trained on (so each recurs
+within the steps). The policy is the smoke policy warm-started on every one of those tasks' program (`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
 temperature writes them with probability `--warm-start-rate`; then GRPO, `--turns` turns an
 episode (scored by its best turn: the warm start teaches first turns, not revisions), `--tasks-per-step` tasks x `--num-generations` episodes a step, for `--steps` steps or
 until `--budget-s` has passed (the step in progress finishes). The control is the same run with
@@ -95,7 +95,7 @@ def build_tasks(args, folder: str) -> dict:
     train = split_rows(kept, "train", args.heldout_fraction)
     return {"source": args.shards or f"sampler seeds 0..{args.sample_seeds - 1} scale {args.scale}",
             "rows_read": len(rows), "kept": len(kept), "train": len(train), "heldout": len(kept) - len(train),
-            "kept_by": args.tasks}
+            "trained_on": min(len(train), args.limit_tasks) if args.limit_tasks else len(train), "kept_by": args.tasks}
 
 
 def step_row(m: dict, rollout: dict, turns: int) -> dict:
@@ -177,9 +177,11 @@ def run_arm(args) -> dict:
     print(f"[bench] {arm}: tasks {report['tasks']}", flush=True)
     reward_env = {"cpu_threads": 1} if not on_gpu else {}
     smoke = SmokePolicyConfig(warm_start_tasks=None, warm_start_rate=args.warm_start_rate,
-                              warm_start_size_variants=args.size_variants, seed=args.seed)
+                              warm_start_size_variants=args.size_variants, warm_start_steps=args.warm_start_steps,
+                              seed=args.seed)
     settings = TrainSettings(
         shards=tasks_dir, output_dir=run_dir, split="train", heldout_fraction=args.heldout_fraction, seed=args.seed,
+        limit_tasks=args.limit_tasks or None,
         policy=PolicyConfig(name_or_path="smoke", dtype="float32", chat=False, smoke=smoke),
         reward_workers=args.reward_workers, reward_env=reward_env, turns=args.turns, episode_reward=args.episode_reward,
         gradient_checkpointing=False,
@@ -236,7 +238,7 @@ def _fmt(v, spec=".2f"):
 
 
 def _print_arm(report: dict) -> None:
-    print(f"\n{report['arm']} on {report['device']}: {report['tasks']['train']} training tasks, "
+    print(f"\n{report['arm']} on {report['device']}: {report['tasks']['trained_on']} training tasks, "
           f"{report['tasks']['heldout']} held out; warm start {report.get('warm_start')}")
     print(f"{'step':>4} {'reward':>7} {'pass':>5} {'>eager':>6} {'>comp':>6}  {'reward after turn':<18} {'step s':>7}")
     for r in report["steps"]:
@@ -294,10 +296,12 @@ def summarize(folder: str, window: int = 3) -> dict:
 def parse(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", default=None, help="a generated shard folder (default: tasks drawn by the sampler)")
-    p.add_argument("--sample-seeds", type=int, default=1500, help="without --shards: sampler seeds 0..N-1")
+    p.add_argument("--sample-seeds", type=int, default=800, help="without --shards: sampler seeds 0..N-1")
     p.add_argument("--scale", type=float, default=1.0, help="sampler size scale (1.0: GPU sizes)")
     p.add_argument("--tasks", default="lowerable", choices=["lowerable", "all"])
     p.add_argument("--heldout-fraction", type=float, default=0.15)
+    p.add_argument("--limit-tasks", type=int, default=24,
+                   help="train (and warm-start) on the first N training tasks, so each recurs in the steps (0: all)")
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--budget-s", type=float, default=330.0, help="training stops after the step that ends past this")
     p.add_argument("--turns", type=int, default=2)
@@ -313,6 +317,7 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warm-start-rate", type=float, default=0.6)
     p.add_argument("--size-variants", type=int, default=2)
+    p.add_argument("--warm-start-steps", type=int, default=4000, help="at most; it stops at --warm-start-rate")
     p.add_argument("--reward-workers", type=int, default=None)
     p.add_argument("--score-limit", type=int, default=24, help="held-out tasks scored (0: no scoring; -1: all)")
     p.add_argument("--score-samples", type=int, default=1)
