@@ -55,14 +55,21 @@ def _brief(rules_by_key: dict[str, str] = RULES) -> str:
 KERNEL_BRIEF = _brief()
 
 
+def prompt_prefix(brief: str = KERNEL_BRIEF) -> str:
+    """What every prompt holds before the task's code: the brief and the fence that opens the code."""
+    return f"{brief}\n\nThe program to optimise:\n\n```python\n"
+
+
 def build_prompt(task_code: str, brief: str = KERNEL_BRIEF) -> str:
     """The user message: the brief, the task's precision and pass when it is not float32 forward
-    (`opsynth.reward.kinds.kind_brief`), then the task file verbatim."""
+    (`opsynth.reward.kinds.kind_brief`), then the task file verbatim. A float32 forward task's prompt
+    is `prompt_prefix(brief)` + its code (the smoke tokenizer holds that prefix as whole tokens)."""
     from opsynth.reward.kinds import kind_brief
 
     kind = kind_brief(task_code)
-    kind = f"\n\n{kind}" if kind else ""
-    return f"{brief}{kind}\n\nThe program to optimise:\n\n```python\n{task_code.strip()}\n```\n"
+    if not kind:
+        return f"{prompt_prefix(brief)}{task_code.strip()}\n```\n"
+    return f"{brief}\n\n{kind}\n\nThe program to optimise:\n\n```python\n{task_code.strip()}\n```\n"
 
 
 def build_messages(task_code: str, brief: str = KERNEL_BRIEF) -> list[dict[str, str]]:

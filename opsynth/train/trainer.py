@@ -24,6 +24,7 @@ from opsynth.train.data import select_tasks
 from opsynth.train.episodes import EpisodeConfig
 from opsynth.train.policy import PolicyConfig, load_policy
 from opsynth.train.prompts import kernel_brief, prompt_record
+from opsynth.train.recipe import VLLM_FIELDS, LoraSettings, VllmSettings, build_block, peft_config, vllm_grpo_kwargs
 
 # GRPOConfig values we set unless the trainer config says otherwise. Asymmetric clipping
 # (0.2 / 0.28) follows CUDA-Agent (and DAPO's clip-higher); logging every step keeps the curve.
@@ -35,7 +36,6 @@ GRPO_DEFAULTS: dict[str, Any] = {
     "save_strategy": "steps",
     "save_steps": 50,
     "save_total_limit": 3,
-    "use_vllm": False,
     "log_completions": False,
 }
 IN_PROCESS = "none"  # reward_cluster.kind: rewards computed in this process, no cluster
@@ -72,9 +72,25 @@ class TrainSettings:
     episode_reward: str = "last"  # last | best | discounted (sum of turn_discount**(t-1) * reward_t)
     turn_discount: float = 0.4
     print_steps: bool = True  # one line per step on stdout
+    # The recipe for a real model (opsynth.train.recipe): LoRA adapters through peft, and TRL's vLLM
+    # generation; gradient checkpointing (None: on with a GPU, off on the CPU) trades compute for memory.
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    vllm: VllmSettings = field(default_factory=VllmSettings)
+    gradient_checkpointing: bool | None = None
 
     def __post_init__(self):
         self.episode()  # validates turns, episode_reward, turn_discount
+        self.lora = build_block(LoraSettings, self.lora, "lora")
+        self.vllm = build_block(VllmSettings, self.vllm, "vllm")
+        owned = sorted(k for k in self.trainer if k in VLLM_FIELDS)
+        if owned:
+            raise ValueError(f"trainer.{owned[0]} is set by vllm.{VLLM_FIELDS[owned[0]]} (the vllm block of "
+                             "conf/train.yaml); set it there")
+        for key in ("gradient_checkpointing", "activation_checkpointing"):
+            if self.gradient_checkpointing is not None and key in self.trainer \
+                    and bool(self.trainer[key]) != self.gradient_checkpointing:
+                raise ValueError(f"gradient_checkpointing={self.gradient_checkpointing} and trainer.{key}="
+                                 f"{self.trainer[key]} disagree; set gradient_checkpointing only")
         if not isinstance(self.reward_env, RewardConfig):  # a mapping (a caller's dict, a YAML block)
             self.reward_env = RewardConfig.from_dict(self.reward_env)
         if not isinstance(self.reward_cluster, ClusterConfig):
@@ -120,9 +136,11 @@ def grpo_config(settings: TrainSettings, use_cpu: bool | None = None):
     import torch
     from trl import GRPOConfig
 
-    kwargs = {**GRPO_DEFAULTS, **dict(settings.trainer)}
+    kwargs = {**GRPO_DEFAULTS, **dict(settings.trainer), **vllm_grpo_kwargs(settings.vllm)}
     if "steps" in kwargs:
         kwargs["max_steps"] = kwargs.pop("steps")
+    if settings.gradient_checkpointing is not None:
+        kwargs["gradient_checkpointing"] = settings.gradient_checkpointing
     if use_cpu if use_cpu is not None else not torch.cuda.is_available():
         # GRPOConfig defaults to bf16 and gradient checkpointing, both meant for GPUs.
         kwargs.setdefault("bf16", False)
@@ -247,25 +265,39 @@ def train(
 
 
 def _load_policy(settings: TrainSettings, rows: list[dict[str, Any]], brief: str):
-    """The policy of `settings.policy` (the smoke policy warm-started on some of these tasks);
-    rank 0 builds or downloads it first, the other ranks then read it from the cache."""
+    """The policy of `settings.policy` (the smoke policy warm-started on these tasks' programs, at
+    the trainer's sampling temperature); rank 0 builds or downloads it first, the other ranks then
+    read it from the cache."""
     from accelerate import PartialState
 
     from opsynth.train.policy import SMOKE_NAME
-    from opsynth.train.warm_start import smoke_examples
+    from opsynth.train.warm_start import passages, size_variant_examples, smoke_examples
 
-    examples = []
-    if settings.policy.name_or_path == SMOKE_NAME:  # its programs are C++ or CUDA, as the reward runs them
-        device = reward_env_config(settings).resolved_device()
-        examples = smoke_examples(rows, settings.policy.smoke.warm_start_tasks, device)
-        if settings.policy.smoke.warm_start_tasks:
-            print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
-                  f"{'CUDA' if device == 'cuda' else 'C++'} programs"
-                  + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
-                     "the smoke policy will not write programs)"), flush=True)
+    examples: list[tuple[str, str]] = []
+    variants: list[tuple[str, str]] = []
+    device = reward_env_config(settings).resolved_device()
+    n = settings.policy.smoke.warm_start_tasks
+    if settings.policy.name_or_path == SMOKE_NAME and n != 0:  # its programs are C++ or CUDA, as the reward runs them
+        examples = smoke_examples(rows, n, device, brief=brief)
+        variants = size_variant_examples(rows, n, settings.policy.smoke.warm_start_size_variants, device, brief=brief)
+        print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
+              f"{'CUDA' if device == 'cuda' else 'C++'} programs"
+              + (f" (every one opsynth.train.warm_start can write)" if n is None and examples else "")
+              + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
+                 "the smoke policy will not write programs)"), flush=True)
     with PartialState().main_process_first():
         return load_policy(settings.policy, settings.output_dir, corpus=[brief] + [r["code"] for r in rows],
-                           warm_start_examples=examples)
+                           warm_start_examples=examples, passages=passages(device, brief),
+                           temperature=grpo_sampling_temperature(settings), warm_start_variants=variants)
+
+
+def grpo_sampling_temperature(settings: TrainSettings) -> float:
+    """The temperature GRPO samples completions at (the trainer's `temperature`, else GRPOConfig's)."""
+    if "temperature" in settings.trainer:
+        return float(settings.trainer["temperature"])
+    from trl import GRPOConfig
+
+    return float(next(f.default for f in dataclasses.fields(GRPOConfig) if f.name == "temperature"))
 
 
 @dataclass
@@ -330,6 +362,7 @@ def _grpo_trainer(settings: TrainSettings, rows, model, tokenizer, chat: bool, b
         train_dataset=Dataset.from_list(records),
         processing_class=tokenizer,
         rollout_func=rollout,
+        peft_config=peft_config(settings.lora),
         callbacks=[MetricsJsonl(run.metrics, resume_step=_checkpoint_step(run.checkpoint),
                                 rollouts=rollout, rollouts_path=run.rollouts), *(callbacks or [])],
     )
@@ -347,9 +380,12 @@ def _finish(settings: TrainSettings, trainer, tokenizer, result, run: _RunFiles,
     from opsynth.train.model_card import write_model_card
 
     final_dir = os.path.join(settings.output_dir, "final")
-    trainer.save_model(final_dir)
+    lora = settings.lora.enabled
+    trainer.save_model(os.path.join(final_dir, "adapter") if lora else final_dir)
     if not trainer.is_world_process_zero():
         return {}
+    if lora:  # final/ is a whole model (scored, served or trained on like any checkpoint); final/adapter the adapter
+        trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(final_dir)
     tokenizer.save_pretrained(final_dir)
     steps = read_metrics(run.metrics) if os.path.exists(run.metrics) else []
     summary: dict[str, Any] = {
@@ -365,6 +401,7 @@ def _finish(settings: TrainSettings, trainer, tokenizer, result, run: _RunFiles,
         "last_reward": steps[-1]["reward"] if steps else None,
         "reward_by_step": [(s["step"], s["reward"]) for s in steps],
         "evaluations": len(reward_fn.history),
+        "lora": settings.lora.enabled,
     }
     with open(os.path.join(settings.output_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

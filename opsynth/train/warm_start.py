@@ -861,9 +861,60 @@ def answer(candidate: str) -> str:
     return f"```python\n{candidate}```"
 
 
-def smoke_examples(rows: list[dict[str, Any]], n: int, device: str = "cpu") -> list[tuple[str, str]]:
-    """(prompt, answer) pairs to warm-start the smoke policy on: up to `n` tasks it can write for,
-    in C++ for the cpu backend and CUDA for cuda."""
-    from opsynth.train.prompts import build_prompt
+def program_prefix(device: str = "cpu") -> str:
+    """What every warm-start answer starts with: the fence and the shared extension (`HEADER`)."""
+    return answer(HEADER[device])[: -len("```")]
 
-    return [(build_prompt(r["code"]), answer(c)) for r, c in warm_start_pairs(rows, n, device)] if n else []
+
+def smoke_examples(rows: list[dict[str, Any]], n: int | None, device: str = "cpu",
+                   brief: str | None = None) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs to warm-start the smoke policy on: every task it can write for
+    (`n` None) or up to `n` of them (0: none), in C++ for the cpu backend and CUDA for cuda;
+    `brief` is the prompt's brief (default: the reward's default settings)."""
+    from opsynth.train.prompts import KERNEL_BRIEF, build_prompt
+
+    if n == 0:
+        return []
+    return [(build_prompt(r["code"], brief or KERNEL_BRIEF), answer(c)) for r, c in warm_start_pairs(rows, n, device)]
+
+
+def variant_batch_sizes(batch_size: int, k: int) -> list[int]:
+    """`k` batch sizes other than `batch_size` for a task's size variants (double, half, ...)."""
+    out: list[int] = []
+    for v in (2 * batch_size, batch_size // 2, 4 * batch_size, 3 * batch_size, batch_size + 1, 8 * batch_size):
+        if len(out) < k and v >= 1 and v != batch_size and v not in out:
+            out.append(v)
+    return out
+
+
+def size_variant_examples(rows: list[dict[str, Any]], n: int | None, k: int, device: str = "cpu",
+                          brief: str | None = None) -> list[tuple[str, str]]:
+    """For each task `smoke_examples(rows, n, ...)` uses, `k` prompts of the same task at other
+    batch sizes (`opsynth.render.task_file.set_batch_size`), with the same answer: the program does
+    not depend on the sizes (the reward runs it at a second batch size too), and training on the
+    variants teaches the policy to answer a task it has not seen at the sizes it has."""
+    from opsynth.render.task_file import read_batch_size, set_batch_size
+    from opsynth.train.prompts import KERNEL_BRIEF, build_prompt
+
+    if n == 0 or k <= 0:
+        return []
+    out = []
+    for r, cand in warm_start_pairs(rows, n, device):
+        bs = read_batch_size(r["code"])
+        if bs is None:
+            continue
+        for v in variant_batch_sizes(bs, k):
+            try:
+                out.append((build_prompt(set_batch_size(r["code"], v), brief or KERNEL_BRIEF), answer(cand)))
+            except ValueError:  # a batch_size literal the contract does not rewrite
+                break
+    return out
+
+
+def passages(device: str = "cpu", brief: str | None = None) -> list[str]:
+    """The long texts every warm-start example repeats (the prompt's brief, the program's shared
+    extension): the smoke tokenizer makes each one token, so a prompt and an answer are only the
+    task's own lines."""
+    from opsynth.train.prompts import KERNEL_BRIEF, prompt_prefix
+
+    return [prompt_prefix(brief or KERNEL_BRIEF), program_prefix(device)]

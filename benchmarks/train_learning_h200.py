@@ -1,0 +1,344 @@
+"""Does multi-turn GRPO with the real reward raise the reward? A trained run beside a
+learning_rate=0 control on the same tasks, seeds and evaluation budget, then held-out scoring of both.
+
+One call runs one arm (about 9 minutes on the H200, warm start included), so two device calls
+give both; `--summarize` then writes the comparison here (no GPU):
+
+    python benchmarks/train_learning_h200.py --out $OUT/train_learning            # the trained arm
+    python benchmarks/train_learning_h200.py --out $OUT/train_learning --control  # learning_rate=0
+    python benchmarks/train_learning_h200.py --summarize benchmarks/results/train_learning_h200
+
+Tasks: a generated shard folder (`--shards`), or tasks drawn here by the generator's sampler and
+renderer (`--sample-seeds`, not verified: the reward runs each reference anyway), kept to those the
+smoke policy's warm start can write a program for (`--tasks lowerable`; on the others every episode
+scores -1 and GRPO has nothing to compare), split by the task-id hash into training and held-out
+tasks (`--heldout-fraction`), the first `--limit-tasks` training tasks trained on (so each recurs
+within the steps). The policy is the smoke policy warm-started on every one of those tasks' program (`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
+temperature writes them with probability `--warm-start-rate`; then GRPO, `--turns` turns an
+episode (scored by its best turn: the warm start teaches first turns, not revisions), `--tasks-per-step` tasks x `--num-generations` episodes a step, for `--steps` steps or
+until `--budget-s` has passed (the step in progress finishes). The control is the same run with
+learning_rate=0 (the same warm start, tasks, seeds, step count and evaluation budget).
+
+Writes under `--out`: `<arm>/steps.json` (rewritten after every step: per step mean reward, pass
+rate, faster-than-eager and faster-than-compile shares, overall and after each turn, seconds),
+`<arm>.json` (settings, warm start, steps, held-out score table with `mode=score`, times) and the
+trainer's logs under `<arm>/run/` (weights and checkpoints removed). `--summarize DIR` reads
+`trained.json` and `control.json` there and writes `summary.json`: `trained_first_reward`,
+`trained_last_reward`, `control_first_reward`, `control_last_reward` (mean reward over the first and
+last `--window` steps of the steps both arms ran), `control_step_std` (the control's step-to-step
+standard deviation), `learned` (the trained arm's last steps above its first and above the control's
+by more than that spread) and both held-out tables. On the CPU it runs as is (C++ programs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "train_learning_h200")
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build_tasks(args, folder: str) -> dict:
+    """The task folder both arms use (Hub layout): from `--shards` or the sampler, kept to the
+    tasks the warm start lowers (unless `--tasks all`). Deterministic in its arguments."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from opsynth.train.data import load_rows, split_rows
+    from opsynth.train.warm_start import lower_task
+
+    device = "cuda" if _device() != "cpu" else "cpu"
+    if args.shards:
+        rows = load_rows(args.shards)
+    else:
+        from opsynth.graph.sampler import Sampler, SamplerConfig
+        from opsynth.render.parse import task_id
+        from opsynth.render.source import render_task
+
+        sampler = Sampler(SamplerConfig(scale=args.scale))
+        rows = []
+        for seed in range(args.sample_seeds):
+            st = sampler.sample(seed)
+            code = render_task(st.graph)
+            rows.append({"code": code, "task_id": task_id(code), "ops": [], "num_ops": st.num_ops,
+                         "data_source": st.data_source, "seed": seed})
+    seen, kept = set(), []
+    for r in rows:
+        if r["task_id"] in seen:
+            continue
+        seen.add(r["task_id"])
+        if args.tasks == "all" or lower_task(r["code"], device) is not None:
+            kept.append({k: r.get(k) for k in ("code", "task_id", "ops", "num_ops", "data_source")})
+    os.makedirs(os.path.join(folder, "data"), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(kept), os.path.join(folder, "data", "train-00000-of-00001.parquet"))
+    train = split_rows(kept, "train", args.heldout_fraction)
+    return {"source": args.shards or f"sampler seeds 0..{args.sample_seeds - 1} scale {args.scale}",
+            "rows_read": len(rows), "kept": len(kept), "train": len(train), "heldout": len(kept) - len(train),
+            "trained_on": min(len(train), args.limit_tasks) if args.limit_tasks else len(train), "kept_by": args.tasks}
+
+
+def step_row(m: dict, rollout: dict, turns: int) -> dict:
+    """One step of the trainer's metrics (and the rollout's time split) as the benchmark reports it."""
+    def turn(key: str) -> list:
+        return [m.get(f"turn/{t}/{key}") for t in range(1, turns + 1)]
+
+    return {
+        "step": m["step"], "reward": m.get("reward"), "pass_rate": m.get("kernel/pass_rate"),
+        "faster_than_eager": m.get("kernel/faster_than_eager"), "faster_than_compile": m.get("kernel/faster_than_compile"),
+        "reward_after_turn": turn("reward"), "pass_rate_after_turn": turn("pass_rate"),
+        "faster_than_eager_after_turn": turn("faster_than_eager"),
+        "faster_than_compile_after_turn": turn("faster_than_compile"),
+        "improved": m.get("episode/improved"), "step_s": m.get("step_time_s"),
+        "generation_s": round(sum(rollout.get("generation_s", [])), 3),
+        "evaluation_s": round(sum(rollout.get("evaluation_s", [])), 3),
+    }
+
+
+def read_steps(run_dir: str, turns: int) -> list[dict]:
+    rollouts = {r["step"]: r for r in _jsonl(os.path.join(run_dir, "rollouts-rank0.jsonl"))}
+    return [step_row(m, rollouts.get(m["step"], {}), turns) for m in _jsonl(os.path.join(run_dir, "metrics.jsonl"))
+            if "reward" in m]
+
+
+def _callbacks(budget_s: float, run_dir: str, steps_path: str, turns: int):
+    from transformers import TrainerCallback
+
+    class Budget(TrainerCallback):
+        """Stop after the step that ends past the time budget (its results are kept)."""
+
+        def __init__(self):
+            self.t0 = time.time()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.time() - self.t0 > budget_s:
+                print(f"[bench] time budget of {budget_s:.0f} s reached after step {state.global_step}", flush=True)
+                control.should_training_stop = True
+
+    class SaveSteps(TrainerCallback):
+        """Rewrite steps.json after every logged step, so a run cut off keeps what it did."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs and "reward" in logs:
+                _write(steps_path, read_steps(run_dir, turns))
+
+    return [Budget(), SaveSteps()]
+
+
+def _write(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def run_arm(args) -> dict:
+    """One arm: warm start, GRPO (learning rate `--lr`, 0 for the control), held-out scoring."""
+    import torch
+    import transformers
+    import trl
+
+    from opsynth.reward.eval_types import RewardConfig
+    from opsynth.train.policy import PolicyConfig, SmokePolicyConfig
+    from opsynth.train.score import ScoreSettings, run_settings
+    from opsynth.train.trainer import TrainSettings, train
+
+    arm = "control" if args.lr == 0 else "trained"
+    device = _device()
+    on_gpu = device != "cpu"
+    arm_dir = os.path.join(args.out, arm)
+    shutil.rmtree(arm_dir, ignore_errors=True)
+    os.makedirs(arm_dir)
+    tasks_dir, run_dir, steps_path = os.path.join(arm_dir, "tasks"), os.path.join(arm_dir, "run"), os.path.join(arm_dir, "steps.json")
+    t0 = time.time()
+    report: dict = {"arm": arm, "device": device, "torch": torch.__version__, "transformers": transformers.__version__,
+                    "trl": trl.__version__, "settings": {k: v for k, v in vars(args).items() if k != "summarize"}}
+    report["tasks"] = build_tasks(args, tasks_dir)
+    print(f"[bench] {arm}: tasks {report['tasks']}", flush=True)
+    reward_env = {"cpu_threads": 1} if not on_gpu else {}
+    smoke = SmokePolicyConfig(warm_start_tasks=None, warm_start_rate=args.warm_start_rate,
+                              warm_start_size_variants=args.size_variants, warm_start_steps=args.warm_start_steps,
+                              seed=args.seed)
+    settings = TrainSettings(
+        shards=tasks_dir, output_dir=run_dir, split="train", heldout_fraction=args.heldout_fraction, seed=args.seed,
+        limit_tasks=args.limit_tasks or None,
+        policy=PolicyConfig(name_or_path="smoke", dtype="float32", chat=False, smoke=smoke),
+        reward_workers=args.reward_workers, reward_env=reward_env, turns=args.turns, episode_reward=args.episode_reward,
+        gradient_checkpointing=False,
+        trainer=dict(steps=args.steps, learning_rate=args.lr, beta=0.0, num_generations=args.num_generations,
+                     per_device_train_batch_size=args.num_generations * args.tasks_per_step,
+                     max_completion_length=args.max_completion_length, temperature=args.temperature,
+                     save_steps=10_000, loss_type="dapo", bf16=False, lr_scheduler_type="constant"),
+    )
+    try:
+        result = train(settings, callbacks=_callbacks(args.budget_s, run_dir, steps_path, args.turns))
+        report.update(ok=True, global_step=result.get("global_step"), evaluations=result.get("evaluations"),
+                      train_runtime_s=result.get("train_runtime_s"))
+    except Exception as exc:  # keep whatever the run wrote
+        import traceback
+
+        traceback.print_exc()
+        report.update(ok=False, error=repr(exc)[:500])
+    report["train_wall_s"] = round(time.time() - t0, 1)
+    recipe = os.path.join(run_dir, "smoke_policy", "smoke_recipe.json")
+    if os.path.exists(recipe):
+        with open(recipe) as f:
+            ws = json.load(f).get("warm_start") or {}
+        report["warm_start"] = {k: v for k, v in ws.items() if k != "completion_tokens"}
+    report["steps"] = read_steps(run_dir, args.turns) if os.path.isdir(run_dir) else []
+    _write(steps_path, report["steps"])
+
+    final = os.path.join(run_dir, "final")
+    if report.get("ok") and os.path.isdir(final) and args.score_limit != 0:
+        t1 = time.time()
+        try:  # what `python -m pipelines.evaluate mode=score score.policy=<final>` runs
+            s = ScoreSettings(shards=tasks_dir, split="heldout", policy=final, heldout_fraction=args.heldout_fraction,
+                              limit=args.score_limit or None, turns=args.turns, samples_per_task=args.score_samples,
+                              max_new_tokens=args.max_completion_length, temperature=0.0,
+                              out=os.path.join(arm_dir, "score"))
+            report["heldout"] = run_settings(s, eval_cfg=RewardConfig(**reward_env))
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            report["heldout"] = {"error": repr(exc)[:500]}
+        report["score_wall_s"] = round(time.time() - t1, 1)
+    report["wall_s"] = round(time.time() - t0, 1)
+    if os.path.isdir(run_dir):  # keep logs and plots, not checkpoints or weights
+        for sub in os.listdir(run_dir):
+            if os.path.isdir(os.path.join(run_dir, sub)):
+                shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
+    _write(os.path.join(args.out, f"{arm}.json"), report)
+    _print_arm(report)
+    return report
+
+
+def _fmt(v, spec=".2f"):
+    return format(v, spec) if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else "-"
+
+
+def _print_arm(report: dict) -> None:
+    print(f"\n{report['arm']} on {report['device']}: {report['tasks']['trained_on']} training tasks, "
+          f"{report['tasks']['heldout']} held out; warm start {report.get('warm_start')}")
+    print(f"{'step':>4} {'reward':>7} {'pass':>5} {'>eager':>6} {'>comp':>6}  {'reward after turn':<18} {'step s':>7}")
+    for r in report["steps"]:
+        print(f"{r['step']:>4} {_fmt(r['reward']):>7} {_fmt(r['pass_rate']):>5} {_fmt(r['faster_than_eager']):>6} "
+              f"{_fmt(r['faster_than_compile']):>6}  {' '.join(_fmt(x) for x in r['reward_after_turn']):<18} "
+              f"{_fmt(r['step_s'], '.1f'):>7}")
+    h = report.get("heldout") or {}
+    if "reward_mean" in h:
+        print(f"held-out ({h.get('n')} episodes): reward {_fmt(h['reward_mean'])} pass {_fmt(h['pass_rate'])} "
+              f">eager {_fmt(h['faster_than_eager_rate'])} >compile {_fmt(h['faster_than_compile_rate'])}")
+    print(f"ok={report.get('ok')} steps={report.get('global_step')} wall={report['wall_s']} s")
+
+
+def summarize(folder: str, window: int = 3) -> dict:
+    """summary.json from trained.json and control.json in `folder` (see the module docstring)."""
+    arms = {}
+    for arm in ("trained", "control"):
+        with open(os.path.join(folder, f"{arm}.json")) as f:
+            arms[arm] = json.load(f)
+    n = min(len(arms["trained"]["steps"]), len(arms["control"]["steps"]))
+    if n == 0:
+        raise ValueError("an arm has no steps")
+    k = max(1, min(window, n // 2))
+    rewards = {a: [s["reward"] for s in r["steps"][:n]] for a, r in arms.items()}
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    std = statistics.pstdev(rewards["control"]) if n > 1 else 0.0
+    out = {
+        "steps_compared": n, "window": k,
+        "trained_first_reward": mean(rewards["trained"][:k]), "trained_last_reward": mean(rewards["trained"][-k:]),
+        "control_first_reward": mean(rewards["control"][:k]), "control_last_reward": mean(rewards["control"][-k:]),
+        "control_step_std": std,
+        "reward_by_step": {a: rewards[a] for a in rewards},
+        "pass_rate_by_step": {a: [s["pass_rate"] for s in r["steps"][:n]] for a, r in arms.items()},
+        "heldout": {a: r.get("heldout") for a, r in arms.items()},
+        "warm_start": {a: r.get("warm_start") for a, r in arms.items()},
+        "tasks": arms["trained"]["tasks"], "device": arms["trained"]["device"],
+        "same_settings": {k2: v for k2, v in arms["trained"]["settings"].items() if k2 not in ("lr", "control", "out")}
+        == {k2: v for k2, v in arms["control"]["settings"].items() if k2 not in ("lr", "control", "out")},
+    }
+    out["learned"] = (out["trained_last_reward"] > out["trained_first_reward"]
+                      and out["trained_last_reward"] - out["control_last_reward"] > std)
+    _write(os.path.join(folder, "summary.json"), out)
+    print(json.dumps({k2: out[k2] for k2 in ("steps_compared", "trained_first_reward", "trained_last_reward",
+                                             "control_last_reward", "control_step_std", "learned")}, indent=2))
+    for a in ("trained", "control"):
+        h = out["heldout"].get(a) or {}
+        print(f"held-out {a}: reward {_fmt(h.get('reward_mean'))} pass {_fmt(h.get('pass_rate'))} "
+              f">eager {_fmt(h.get('faster_than_eager_rate'))} >compile {_fmt(h.get('faster_than_compile_rate'))}")
+    return out
+
+
+def parse(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shards", default=None, help="a generated shard folder (default: tasks drawn by the sampler)")
+    p.add_argument("--sample-seeds", type=int, default=800, help="without --shards: sampler seeds 0..N-1")
+    p.add_argument("--scale", type=float, default=1.0, help="sampler size scale (1.0: GPU sizes)")
+    p.add_argument("--tasks", default="lowerable", choices=["lowerable", "all"])
+    p.add_argument("--heldout-fraction", type=float, default=0.15)
+    p.add_argument("--limit-tasks", type=int, default=24,
+                   help="train (and warm-start) on the first N training tasks, so each recurs in the steps (0: all)")
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--budget-s", type=float, default=330.0, help="training stops after the step that ends past this")
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--episode-reward", default="best", choices=["last", "best", "discounted"],
+                   help="best (default): the smoke policy is warm-started on first turns only, so its revisions "
+                        "rarely hold a program; scoring an episode by its best turn keeps the first turn's signal")
+    p.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO group)")
+    p.add_argument("--tasks-per-step", type=int, default=2)
+    p.add_argument("--max-completion-length", type=int, default=160, help="tokens per turn")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (0: the control)")
+    p.add_argument("--control", action="store_true", help="the control arm: learning_rate=0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-start-rate", type=float, default=0.6)
+    p.add_argument("--size-variants", type=int, default=2)
+    p.add_argument("--warm-start-steps", type=int, default=4000, help="at most; it stops at --warm-start-rate")
+    p.add_argument("--reward-workers", type=int, default=None)
+    p.add_argument("--score-limit", type=int, default=24, help="held-out tasks scored (0: no scoring; -1: all)")
+    p.add_argument("--score-samples", type=int, default=1)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--summarize", default=None, help="write summary.json from trained.json and control.json in DIR")
+    p.add_argument("--window", type=int, default=3, help="steps averaged at each end (--summarize)")
+    args = p.parse_args(argv)
+    if args.control:
+        args.lr = 0.0
+    if args.score_limit < 0:
+        args.score_limit = None
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    if args.summarize:
+        return summarize(args.summarize, args.window)
+    os.makedirs(args.out, exist_ok=True)
+    return run_arm(args)
+
+
+if __name__ == "__main__":
+    main()
