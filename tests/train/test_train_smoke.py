@@ -109,8 +109,14 @@ def test_smoke_policy_judges_programs_trains_and_resumes_from_the_readme_command
     assert any(e["reward"] >= 1 for e in evals), [e["reason"] for e in evals]
     assert not any(e["reason"].startswith("reward_env_error") for e in evals), evals[0]
     # ... and GRPO changed the weights it was warm-started with.
+    # GRPO's advantage is a reward's distance from its group's mean: with no spread in any group
+    # (every episode of a step and turn scored alike, which a sharp warm start can give) the weights
+    # must stay put (beta 0, no weight decay); with a spread somewhere they must move.
     start, final = _weights(out / "smoke_policy"), _weights(out / "final")
-    assert any(not (start[k] == final[k]).all() for k in start), "no weight changed"
+    changed = any(not (start[k] == final[k]).all() for k in start)
+    groups = {(e["step"], e["turn"]) for e in evals}
+    spread = any(len({e["reward"] for e in evals if (e["step"], e["turn"]) == g}) > 1 for g in groups)
+    assert changed == spread, (changed, [(e["step"], e["turn"], e["reward"]) for e in evals])
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward" in r]
