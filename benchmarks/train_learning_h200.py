@@ -43,20 +43,10 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "train_learning_h200")
 
-
-def _device() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
-def _jsonl(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+from train_multiturn_h200 import _budget_callback, _device, _jsonl  # noqa: E402 - the multi-turn benchmark's helpers
 
 
 def build_tasks(args, folder: str) -> dict:
@@ -124,17 +114,6 @@ def read_steps(run_dir: str, turns: int) -> list[dict]:
 def _callbacks(budget_s: float, run_dir: str, steps_path: str, turns: int):
     from transformers import TrainerCallback
 
-    class Budget(TrainerCallback):
-        """Stop after the step that ends past the time budget (its results are kept)."""
-
-        def __init__(self):
-            self.t0 = time.time()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if time.time() - self.t0 > budget_s:
-                print(f"[bench] time budget of {budget_s:.0f} s reached after step {state.global_step}", flush=True)
-                control.should_training_stop = True
-
     class SaveSteps(TrainerCallback):
         """Rewrite steps.json after every logged step, so a run cut off keeps what it did."""
 
@@ -142,7 +121,7 @@ def _callbacks(budget_s: float, run_dir: str, steps_path: str, turns: int):
             if state.is_world_process_zero and logs and "reward" in logs:
                 _write(steps_path, read_steps(run_dir, turns))
 
-    return [Budget(), SaveSteps()]
+    return [_budget_callback(budget_s), SaveSteps()]
 
 
 def _write(path: str, obj) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from opsynth.render.task_file import check_mode, task_kind, tolerance
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
-from opsynth.reward.builds import build_service, remote_build  # noqa: F401 - remote_build: the Dask task's name
+from opsynth.reward.builds import build_service
 from opsynth.reward.eval_types import EvalResult, RewardConfig, reward_from_times
 
 __all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]

@@ -84,8 +84,7 @@ def file_lock(path: str | None, on_wait: Callable[[], None] | None = None,
 
 def share_lock_paths(lock_file: str) -> tuple[str, str]:
     """The two files of a device's memory lock (beside its timing lock): the gate and the share."""
-    gate, share = (f"{lock_file}.{part}" for part in ("gate", "share"))
-    return gate, share
+    return f"{lock_file}.gate", f"{lock_file}.share"
 
 
 def _open_lock(path: str) -> int:

@@ -174,11 +174,7 @@ class Worker:
             finally:
                 self._lock_depth -= 1
             return
-        with file_lock(
-            self.lock_file,
-            on_wait=lambda: protocol.send(self.resp_fd, {"event": "pause", "kind": "lock"}),
-            on_acquired=lambda: protocol.send(self.resp_fd, {"event": "resume"}),
-        ):
+        with file_lock(self.lock_file, **self._lock_wait_events()):
             self._lock_depth += 1
             try:
                 yield
@@ -192,11 +188,13 @@ class Worker:
         limit) and without the shared lock folder."""
         if self.device != "cuda" or self.lock_file is None:
             return nullcontext()
-        return device_share(
-            self.lock_file, exclusive,
-            on_wait=lambda: protocol.send(self.resp_fd, {"event": "pause", "kind": "lock"}),
-            on_acquired=lambda: protocol.send(self.resp_fd, {"event": "resume"}),
-        )
+        return device_share(self.lock_file, exclusive, **self._lock_wait_events())
+
+    def _lock_wait_events(self) -> dict:
+        """Tell the parent when a lock wait starts and ends, so the wait does not count against the
+        request's timeout (either lock: timing or memory)."""
+        return {"on_wait": lambda: protocol.send(self.resp_fd, {"event": "pause", "kind": "lock"}),
+                "on_acquired": lambda: protocol.send(self.resp_fd, {"event": "resume"})}
 
     def _time(self, fn, since: float) -> tuple[float, int]:
         """Median of ``fn``; the time from ``since`` to here is recorded as the request's checks

@@ -73,8 +73,8 @@ def reasons_in_source() -> dict[str, str]:
                         cands = _strings(n.value.elts[0])
                     elif checker:
                         cands = _strings(n.value)
-                for c in cands:
-                    if c and set(c.rstrip("*")) <= IDENT:
+                for c in cands:  # a name with no literal head (f"{path}.gate") names no reason
+                    if c.rstrip("*") and set(c.rstrip("*")) <= IDENT:
                         found.setdefault(c, f"{path.name}:{n.lineno}")
     return found
 
