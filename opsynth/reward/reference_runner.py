@@ -1,4 +1,4 @@
-"""Reference child: Model's weights, fresh inputs, reference outputs, and eager / compile timings.
+"""Reference child: Model's weights, fresh inputs, reference outputs, the timed rounds' fingerprints.
 
 `python -m opsynth.reward.reference_runner job.json`. Seeds come from the parent; the candidate only
 ever sees the inputs file, after this child has exited.
@@ -6,7 +6,6 @@ ever sees the inputs file, after this child has exited.
 
 from __future__ import annotations
 
-import time
 import traceback
 
 from opsynth.runtime.sandbox import child_main, device_lock
@@ -90,45 +89,20 @@ def _flops(model, inputs: list, device: str) -> dict:
 
 
 def run(job: dict) -> dict:
-    """Everything that touches the device runs under the device lock, except torch.compile's
-    compilation (seconds to a minute of CPU work for each new task), which would otherwise hold up
-    every candidate's measurement behind it."""
+    """Everything that touches the device runs under the device lock. The baselines are not timed
+    here: eager and torch.compile each have a child of their own (`baseline_runner`)."""
     import torch  # noqa: F401  (import outside the device lock)
 
     with device_lock(job):
-        result, compile_job = _run(job)
-    if compile_job is not None:
-        _compile_baseline(job, result, *compile_job)
-    return result
+        return _run(job)
 
 
-def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
-    import torch
-
-    from opsynth.runtime.timing import time_forward
-
-    try:
-        t0 = time.perf_counter()
-        compiled = torch.compile(model)
-        with torch.no_grad():
-            compiled(*buffers)  # compiles (CPU work) outside the lock; one forward on the device
-        print(f"[reference] torch.compile took {time.perf_counter() - t0:.1f} s", flush=True)
-        with device_lock(job), torch.no_grad():
-            result["compile_ms"], _ = time_forward(compiled, buffers, contents, timer, warmup, repeats)
-        print(f"[reference] compile {result['compile_ms']:.4f} ms", flush=True)
-    except Exception:
-        traceback.print_exc()
-        print("[reference] torch.compile baseline failed; reward 3 is out of reach", flush=True)
-
-
-def _run(job: dict):
-    """Reference outputs and the eager timing (under the device lock); returns (result, what the
-    compile baseline needs, or None)."""
+def _run(job: dict) -> dict:
+    """Reference outputs, the timed rounds' fingerprints, the weights and inputs for the candidates."""
     import torch
 
     from opsynth.render.task_file import load_task_module, set_mode, with_second_shape
     from opsynth.reward.compare import as_output_list
-    from opsynth.runtime.timing import Timer, time_forward
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))
@@ -143,7 +117,7 @@ def _run(job: dict):
         model = set_mode(model.to(device), job.get("task_mode"))
     except Exception:
         traceback.print_exc()
-        return {"reason": "task_error"}, None
+        return {"reason": "task_error"}
 
     trials, outputs = [], []
     with torch.no_grad():
@@ -151,7 +125,7 @@ def _run(job: dict):
             inputs = _make_inputs(mod, int(seed), device)
             out = as_output_list(model(*inputs))
             if not all(isinstance(o, torch.Tensor) for o in out):
-                return {"reason": "task_error", "error": "Model output is not tensors"}, None
+                return {"reason": "task_error", "error": "Model output is not tensors"}
             trials.append(_to_cpu(inputs))
             outputs.append(_to_cpu(out))
         second_inputs = second_outputs = None
@@ -176,27 +150,12 @@ def _run(job: dict):
         job["data_path"],
     )
     torch.save({"trials": outputs, "second": second_outputs, **(rounds or {})}, job["ref_outputs_path"])
-    result = {
+    return {
         "reason": "ok",
         "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
         "has_second": second_inputs is not None,
-        "eager_ms": None,
-        "compile_ms": None,
         **_flops(model, trials[0], device),
     }
-    if not job.get("measure_baselines"):
-        return result, None
-
-    warmup, repeats = job["timing"]
-    timer = Timer(device, job.get("flush_l2", True))
-    contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
-    buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
-    with torch.no_grad():
-        result["eager_ms"], _ = time_forward(model, buffers, contents, timer, warmup, repeats)
-        print(f"[reference] eager {result['eager_ms']:.4f} ms", flush=True)
-    if job.get("compile_baseline"):
-        return result, (model, buffers, contents, timer, warmup, repeats)
-    return result, None
 
 
 if __name__ == "__main__":
