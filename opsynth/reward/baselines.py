@@ -175,38 +175,14 @@ class TaskBaselines:
             return srv
 
     def record(self, fresh: dict[str, list[float]]) -> dict:
-        """Re-validate the cached entry against one candidate's fresh samples: a figure outside the
-        fresh median's interval widened by `baseline_drift` either way is replaced (and with eager
-        replaced, a compile figure not measured now goes too: it was timed with the same bad
-        entry); a missing one is stored. Returns what happened to each figure."""
+        """Re-validate the cached entry against one candidate's fresh samples (`revalidate`), store
+        what changed; returns what happened to each figure."""
         from opsynth.reward import baseline_cache
-        from opsynth.reward.confidence import median_interval
 
-        drift = self.cfg.baseline_drift
-        cached = dict(self.cached or {})
-        entry = {k: cached.get(k) for k in ("eager_ms", "compile_ms")}
-        status = {"cached": {k: entry[k] for k in entry}}
-        for kind in ("eager", "compile"):
-            key = f"{kind}_ms"
-            m = median_interval(fresh.get(kind) or [], self.cfg.confidence)
-            if m is None:
-                status[kind] = "kept" if entry[key] is not None else "not_measured"
-                continue
-            med, lo, hi = m
-            status[f"fresh_{kind}"] = {"median": round(med, 6), "lo": round(lo, 6), "hi": round(hi, 6), "n": len(fresh[kind])}
-            old = entry[key]
-            if old is None:
-                status[kind], entry[key] = "stored", med
-            elif lo / drift <= old <= hi * drift:
-                status[kind] = "agrees"
-            else:
-                status[kind], entry[key] = "replaced", med
-        if status.get("eager") == "replaced" and status.get("compile") == "kept":
-            status["compile"], entry["compile_ms"] = "dropped", None
+        entry, status = revalidate(self.cached, fresh, self.cfg.baseline_drift, self.cfg.confidence)
         if any(status.get(k) in ("stored", "replaced", "dropped") for k in ("eager", "compile")) and entry["eager_ms"] is not None:
             baseline_cache.store(self.cfg, self.task_code, self.device, entry["eager_ms"], entry["compile_ms"], self.mode)
-            self.cached = {**cached, **entry}
-        status["drift_allowed"] = drift
+            self.cached = {**(self.cached or {}), **entry}
         return status
 
     def close(self) -> None:
@@ -236,22 +212,28 @@ class Pacer:
         self.capped = False
         self._lock = ExitStack()
         self._window = ExitStack()
+        self._state = threading.Lock()
         self.locked = False
+        self.closed = False
 
     # -- the child's requests ------------------------------------------------------------------
 
     def set_pid(self, pid: int) -> None:
         self.pid = pid
 
-    def lock(self) -> None:
+    def lock(self) -> str | None:
         """The child's `timing_lock`: the eager child made ready first (outside the lock), then the
-        device lock, held here in the trusted parent for the whole timed section."""
+        device lock, held here in the trusted parent for the whole timed section. None, or why not."""
+        with self._state:
+            if self.locked or self.closed:
+                return "the timing lock was asked for twice"
         if self.baselines is not None:
             try:
                 self.baselines.server("eager").wait_ready()
             except BaselineFailed as e:
                 self.failed = str(e)
         self._take_lock()
+        return None
 
     def unlock(self) -> None:
         self._window.close()
@@ -259,10 +241,18 @@ class Pacer:
         self.locked = False
 
     def _take_lock(self) -> None:
+        """The device lock (blocking). Taken after `close` (the child was killed while this waited),
+        it is let go at once: a lock the parent forgot would stop every later timing."""
         from opsynth.runtime.device_lock import file_lock
 
-        self._lock.enter_context(file_lock(self.lock_path))
-        self.locked = True
+        stack = ExitStack()
+        stack.enter_context(file_lock(self.lock_path))
+        with self._state:
+            if self.closed:
+                stack.close()
+                return
+            self._lock = stack
+            self.locked = True
 
     # -- the rounds ----------------------------------------------------------------------------
 
@@ -395,9 +385,40 @@ class Pacer:
         return d
 
     def close(self) -> None:
+        with self._state:
+            self.closed = True
         self._window.close()
         self._lock.close()
         self.locked = False
+
+
+def revalidate(cached: dict | None, fresh: dict[str, list[float]], drift: float, confidence: float = 0.95) -> tuple[dict, dict]:
+    """(the entry to keep, what happened to each figure) for a cached entry and fresh samples. A
+    cached figure outside the fresh median's interval widened by `drift` either way is replaced by
+    the fresh median (and with eager replaced, a compile figure not measured now is dropped: it was
+    timed with the same bad entry); a missing one is stored; one not measured now is kept."""
+    from opsynth.reward.confidence import median_interval
+
+    entry = {k: (cached or {}).get(k) for k in ("eager_ms", "compile_ms")}
+    status: dict = {"cached": dict(entry), "drift_allowed": drift}
+    for kind in ("eager", "compile"):
+        key = f"{kind}_ms"
+        m = median_interval(fresh.get(kind) or [], confidence)
+        if m is None:
+            status[kind] = "kept" if entry[key] is not None else "not_measured"
+            continue
+        med, lo, hi = m
+        status[f"fresh_{kind}"] = {"median": round(med, 6), "lo": round(lo, 6), "hi": round(hi, 6), "n": len(fresh[kind])}
+        old = entry[key]
+        if old is None:
+            status[kind], entry[key] = "stored", med
+        elif lo / drift <= old <= hi * drift:
+            status[kind] = "agrees"
+        else:
+            status[kind], entry[key] = "replaced", med
+    if status["eager"] == "replaced" and status["compile"] == "kept":
+        status["compile"], entry["compile_ms"] = "dropped", None
+    return entry, status
 
 
 def _quiet_window():
@@ -409,6 +430,6 @@ def _quiet_window():
 def fresh_medians(samples: dict[str, list[float]]) -> dict[str, float | None]:
     import statistics
 
-    return {f"{k}_ms": (round(statistics.median(v), 6) if v else None) for k, v in samples.items()}
+    return {f"{k}_ms": (float(statistics.median(v)) if v else None) for k, v in samples.items()}
 
 

@@ -130,7 +130,9 @@ class RoundSession:
             end = self.end if self.end is not None else self.main_end
             if kind in ("timing_lock", "timing_unlock"):
                 if self.pacer is not None:
-                    self.pacer.lock() if kind == "timing_lock" else self.pacer.unlock()
+                    why = self.pacer.lock() if kind == "timing_lock" else self.pacer.unlock()
+                    if why:
+                        return self._fail(why)
                 return {"ok": True}
             if kind in self._NEXT:
                 j = req.get("j")
