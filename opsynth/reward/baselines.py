@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import queue
 import secrets
+from collections import OrderedDict
 import shutil
 import tempfile
 import threading
@@ -147,6 +148,38 @@ class BaselineServer:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def decides_as_stored(cfg, entry: dict | None) -> bool:
+    """`baselines="cached"` and an entry with every figure the rule needs: it decides as stored."""
+    return (cfg.baselines == "cached" and entry is not None and entry.get("eager_ms") is not None
+            and (entry.get("compile_ms") is not None or not cfg.compile_baseline))
+
+
+COMPILE_POOL = 4  # compiled baseline children kept alive per process: the most recently used tasks
+_pool: "OrderedDict[tuple, BaselineServer]" = OrderedDict()
+_pool_lock = threading.Lock()
+
+
+def compile_server(task_code: str, mode: str | None, ref_job: dict, cfg, device: str) -> BaselineServer:
+    """The task's compile child, kept across batches: torch.compile costs seconds to a minute per
+    task, and a task comes back in the next batch (a multi-turn episode, a benchmark, GRPO steps on
+    the same rows). Keyed by everything the child's timing depends on; the least recently used goes
+    when more than COMPILE_POOL are alive."""
+    import hashlib
+
+    key = (hashlib.sha256(task_code.encode()).hexdigest(), mode, device, cfg.resolved_device_index(),
+           cfg.resolved_cpu_threads(device), cfg.flush_l2, cfg.isolation)
+    with _pool_lock:
+        srv = _pool.get(key)
+        if srv is not None and (srv.error is None or not srv.info):
+            _pool.move_to_end(key)
+            return srv
+        srv = _pool[key] = BaselineServer("compile", task_code, ref_job, cfg, device)
+        while len(_pool) > COMPILE_POOL:
+            _, old = _pool.popitem(last=False)
+            threading.Thread(target=old.close, daemon=True).start()  # it is stopped after its block, never mid-block
+    return srv
+
+
 class TaskBaselines:
     """One task's baselines in one batch: the cached entry, the eager child (started at once), the
     compile child (started when a candidate first beats eager: at most one torch.compile)."""
@@ -162,16 +195,16 @@ class TaskBaselines:
             self.server("eager")
 
     def uses_cache(self) -> bool:
-        """`baselines="cached"` and an entry with every figure the rule needs: it decides as stored."""
-        c = self.cached
-        return (self.cfg.baselines == "cached" and c is not None and c.get("eager_ms") is not None
-                and (c.get("compile_ms") is not None or not self.cfg.compile_baseline))
+        return decides_as_stored(self.cfg, self.cached)
 
     def server(self, kind: str) -> BaselineServer:
+        """This batch's eager child; the compile child from the process's pool (`compile_server`)."""
         with self._lock:
             srv = self._servers.get(kind)
-            if srv is None:
-                srv = self._servers[kind] = BaselineServer(kind, self.task_code, self.ref_job, self.cfg, self.device)
+            if srv is None or srv.error is not None and srv.info:  # one that died after it was ready: a new one
+                srv = compile_server(self.task_code, self.mode, self.ref_job, self.cfg, self.device) if kind == "compile" else \
+                    BaselineServer(kind, self.task_code, self.ref_job, self.cfg, self.device)
+                self._servers[kind] = srv
             return srv
 
     def record(self, fresh: dict[str, list[float]]) -> dict:
@@ -186,8 +219,9 @@ class TaskBaselines:
         return status
 
     def close(self) -> None:
-        for srv in list(self._servers.values()):
-            srv.close()
+        for kind, srv in list(self._servers.items()):
+            if kind != "compile":  # the pool keeps it for the task's next batch
+                srv.close()
 
 
 class Pacer:

@@ -116,8 +116,9 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     scratch = _tmpdir("opsynth_ref_")
     (scratch / "task.py").write_text(task_code)
     cached = baseline_cache.lookup(cfg, task_code, device, task_mode)
-    as_stored = cfg.baselines == "cached" and cached is not None and cached.get("eager_ms") is not None and (
-        cached.get("compile_ms") is not None or not cfg.compile_baseline)
+    from opsynth.reward.baselines import decides_as_stored
+
+    as_stored = decides_as_stored(cfg, cached)  # then no baseline blocks, and no rounds to add
     rng = secrets.SystemRandom()
     job = {
         "task_path": str(scratch / "task.py"),
