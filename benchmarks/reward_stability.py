@@ -66,7 +66,7 @@ def get_init_inputs():
     return [1.5, 0.1]
 '''
 
-SIZES = {"cuda": dict(bs=16384, dim=4096), "cpu": dict(bs=64, dim=8192), "cpu_tiny": dict(bs=32, dim=8192)}
+SIZES = {"cuda": dict(bs=16384, dim=4096), "cpu": dict(bs=128, dim=8192), "cpu_tiny": dict(bs=32, dim=8192)}
 
 # The policy brief's layout on CUDA: a torch-free .cu (nvcc never parses ATen), the wrapper in C++.
 CUDA_CANDIDATE = r'''import torch
@@ -93,10 +93,10 @@ void launch(const float* x, float* y, long n, float s, float b, float one, float
 _CPP = r"""
 #include <torch/extension.h>
 void launch(const float* x, float* y, long n, float s, float b, float one, float zero, int reps);
-torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, int64_t reps) {
+torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, double reps) {
     auto xc = x.contiguous();
     auto y = torch::empty_like(xc);
-    launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), (float)s, (float)b, (float)one, (float)zero, (int)reps);
+    launch(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), (float)s, (float)b, (float)one, (float)zero, (int)(reps + 0.5));
     return y;
 }
 """
@@ -113,8 +113,9 @@ _CPP = r"""
 #include <torch/extension.h>
 #include <algorithm>
 #include <cmath>
-// In chunks, so that each extra pass is a vectorised sweep over a chunk in L1 (a fine-grained knob).
-torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, int64_t reps) {
+// In chunks, so that each extra pass is a vectorised sweep over a chunk in L1; a fractional count
+// spreads its integer parts over the chunks (chunk c gets floor((c+1)r) - floor(cr) passes): a fine knob.
+torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, double reps) {
     auto xc = x.contiguous();
     auto y = torch::empty_like(xc);
     const float* p = xc.data_ptr<float>();
@@ -125,7 +126,8 @@ torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, 
     for (long i0 = 0; i0 < n; i0 += 256) {
         const long m = std::min(256L, n - i0);
         for (long j = 0; j < m; ++j) buf[j] = p[i0 + j] * fs + fb;
-        for (long r = 0; r < reps; ++r)
+        const long c = i0 / 256, rc = (long)((c + 1) * reps) - (long)(c * reps);
+        for (long r = 0; r < rc; ++r)
             for (long j = 0; j < m; ++j) buf[j] = buf[j] * f1 + f0;  // exact: extra work only (no -mfma: std::fma is a libm call)
         for (long j = 0; j < m; ++j) q[i0 + j] = buf[j] > 0.f ? buf[j] : 0.f;
     }
@@ -152,23 +154,25 @@ class ModelNew(nn.Module):
 '''
 
 
-def candidate(device: str, reps: int) -> str:
-    return (CUDA_CANDIDATE if device == "cuda" else CPU_CANDIDATE) + MODEL_NEW.format(reps=int(reps))
+def candidate(device: str, reps: float) -> str:
+    """The candidate with `reps` extra FMAs per element (whole on CUDA; on CPU a fraction is spread over chunks)."""
+    reps = float(round(reps)) if device == "cuda" else round(float(reps), 3)
+    return (CUDA_CANDIDATE if device == "cuda" else CPU_CANDIDATE) + MODEL_NEW.format(reps=reps)
 
 
-def reps_for(curve: list[tuple[int, float]], target_ms: float) -> tuple[int, str]:
+def reps_for(curve: list[tuple[float, float]], target_ms: float) -> tuple[float, str]:
     """The FMA count whose measured time is target_ms: linear between the ladder's two bracketing points."""
     pts = sorted(curve)
     if target_ms <= pts[0][1]:
         return pts[0][0], "below the ladder (the memory-bound floor): the candidate is slower than its target"
     for (r0, t0), (r1, t1) in zip(pts, pts[1:]):
         if t0 <= target_ms <= t1 and t1 > t0:
-            return int(round(r0 + (target_ms - t0) / (t1 - t0) * (r1 - r0))), ""
+            return r0 + (target_ms - t0) / (t1 - t0) * (r1 - r0), ""
     (r0, t0), (r1, t1) = pts[-2], pts[-1]
     slope = (t1 - t0) / (r1 - r0) if r1 != r0 and t1 > t0 else None
     if not slope:
         return pts[-1][0], "above the ladder"
-    return int(round(r1 + (target_ms - t1) / slope)), "extrapolated past the ladder"
+    return r1 + (target_ms - t1) / slope, "extrapolated past the ladder"
 
 
 def _row(res) -> dict:
@@ -200,7 +204,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="where the JSON goes (written as the run goes)")
     ap.add_argument("--targets", default="0.85,1.0,1.2", help="ratios of candidate to eager time")
     ap.add_argument("--repeats", type=int, default=None, help="evaluations of each candidate, one batch each (default 5; 2 with --tiny)")
-    ap.add_argument("--ladder", default=None, help="FMA counts timed to calibrate (default: 0..2048 in powers of 2; 0..64 with --tiny)")
+    ap.add_argument("--ladder", default=None, help="FMA counts timed to calibrate (default on cuda: 0..2048 in powers of 2; on cpu 0..16, fractions too)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (reward 3 in reach; one torch.compile per batch)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke setting: small tensors, short ladder, 2 repeats unless given")
     ap.add_argument("--deadline-s", type=float, default=480.0, help="start no batch after this many seconds (the JSON keeps what ran)")
@@ -212,8 +216,8 @@ def main() -> None:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     targets = [float(t) for t in args.targets.split(",") if t]
-    default_ladder = "0,2,4,8,16,32,64" if args.tiny else "0,8,16,32,64,128,256,512,1024,2048"
-    ladder = [int(x) for x in (args.ladder or default_ladder).split(",") if x]
+    default_ladder = ("0,1,2,4,8" if args.tiny else "0,0.5,1,1.5,2,3,4,6,8,16") if device == "cpu" else "0,8,16,32,64,128,256,512,1024,2048"
+    ladder = [float(x) for x in (args.ladder or default_ladder).split(",") if x]
     repeats = args.repeats or (2 if args.tiny else 5)
     size = SIZES["cpu_tiny" if (args.tiny and device == "cpu") else device]
     task = TASK.format(**size)
@@ -259,7 +263,7 @@ def main() -> None:
     for tgt in targets:
         reps, note = reps_for(curve, tgt * eager_ms)
         chosen[tgt] = reps
-        print(f"  target {tgt}: {reps} FMAs {note}".rstrip(), flush=True)
+        print(f"  target {tgt}: {reps:.3f} FMAs {note}".rstrip(), flush=True)
     out["chosen_fmas"] = {str(k): v for k, v in chosen.items()}
     save()
 
