@@ -169,6 +169,8 @@ class RoundSession:
                 if self.next_round != end or self.step != "round_start":
                     return self._fail(f"timing ended after {self.next_round} of {end} rounds")
                 if self.end is None and self.pacer is not None:
+                    if not self.pacer.locked:
+                        return self._fail("the timed rounds ended after the timing lock was let go")
                     more = self.pacer.after_pass(self)  # the main pass, extended while a ratio is near a threshold
                     if more:
                         self.main_extra += more

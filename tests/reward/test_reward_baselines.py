@@ -153,11 +153,20 @@ def test_compile_joins_once_eager_is_beaten_and_decides_reward_3(tmp_path):
     assert d["reward"] == 2 and d["undecided"] == ["compile x0.95"] and pacer.capped
 
 
-def test_rounds_before_the_timing_lock_are_refused(tmp_path):
+def test_rounds_outside_the_timing_lock_are_refused(tmp_path):
+    """Baseline blocks run only while the parent holds the device for the candidate: rounds before
+    the lock, or a pass ended after the child let it go, end its timing (`timing_protocol`)."""
     cfg = RewardConfig(device="cpu")
     plan = TimingPlan.draw(1, 4, 1e-2, 1e-2)
     s = RoundSession(plan, pacer=Pacer(_FakeBaselines(eager=1.0), cfg, "cpu", str(tmp_path / "l"), 1, plan.main))
     assert not s.handle({"kind": "round_start", "j": 0})["ok"] and "timing lock" in s.error
+    s = RoundSession(plan, pacer=Pacer(_FakeBaselines(eager=1.0), cfg, "cpu", str(tmp_path / "l"), 1, plan.main))
+    s.handle({"kind": "timing_lock"})
+    for j in range(plan.main):
+        for kind, extra in (("round_start", {}), ("round_ready", {}), ("round_returned", {"ms": 0.5}), ("round_done", {"fp": [], "key": "k"})):
+            assert s.handle({"kind": kind, "j": j, **extra})["ok"]
+    s.handle({"kind": "timing_unlock"})
+    assert not s.handle({"kind": "timing_done"})["ok"] and "let go" in s.error
 
 
 # ---- end to end -----------------------------------------------------------------------------------
