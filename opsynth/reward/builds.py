@@ -297,8 +297,10 @@ class BuildService:
 
     # -- the service ------------------------------------------------------------------------------
 
-    def handle(self, raw: dict) -> dict:
-        """One build request from a child: {"ok", "dir", "name", "cached"} or {"ok": False, "error"}."""
+    def handle(self, raw: dict, cache_only: bool = False) -> dict:
+        """One build request from a child: {"ok", "dir", "name", "cached"} or {"ok": False, "error"}.
+        `cache_only`: the child is inside its timed rounds, where builds are paused (`quiet`): an
+        extension built before is answered, anything else is refused rather than waited for."""
         from opsynth.reward import build_flags
 
         try:
@@ -324,6 +326,8 @@ class BuildService:
                 with self.stats.lock:
                     self.stats.ext_hits += 1
                 return {"ok": True, "dir": str(hit), "name": name, "cached": True}
+            if cache_only:
+                return {"ok": False, "error": "no builds during the timed calls: build every extension at import time"}
             if self.remote is not None:
                 return self._build_remote(req, key, name)
             return self._build(req, key, name)
@@ -364,6 +368,7 @@ class BuildService:
         return d if (d / f"{name}.so").is_file() and (d / "meta.json").is_file() else None
 
     def _build(self, req: dict, key: str, name: str) -> dict:
+        from opsynth.reward import quiet
         from opsynth.reward.eval_types import RUNNERS
         from opsynth.runtime.sandbox import run_child
 
@@ -382,9 +387,10 @@ class BuildService:
                 "result_path": str(scratch / "build_result.json"),
             }
             writable = [str(ccache_dir(self.cache_dir))] if self.ccache else []
-            res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=RUNNERS,
-                            writable=writable, env_extra=self.env, shared_ids=True,
-                            readable=[pch_dir] if pch_dir else [])
+            with quiet.tracked("build") as on_start:  # paused while anything is timed
+                res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=RUNNERS,
+                                writable=writable, env_extra=self.env, shared_ids=True,
+                                readable=[pch_dir] if pch_dir else [], on_start=on_start)
             wall = time.perf_counter() - t0
             with self.stats.lock:
                 self.stats.builds += 1
@@ -416,8 +422,8 @@ class BuildSession:
         self.service = service
         self.refused: str | None = None
 
-    def __call__(self, raw: dict) -> dict:
-        reply = self.service.handle(raw)
+    def __call__(self, raw: dict, cache_only: bool = False) -> dict:
+        reply = self.service.handle(raw, cache_only)
         if reply.get("refused") and self.refused is None:
             self.refused = str(reply["refused"])
         return reply

@@ -17,7 +17,7 @@ import types
 from contextlib import ExitStack
 
 from opsynth.reward.compare import as_output_list as _outputs_list
-from opsynth.runtime.child import child_main, device_lock
+from opsynth.runtime.child import child_main
 
 _T_IMPORT = time.perf_counter()  # child start: setup_s counts from here (reset at each fork by child.run_job)
 
@@ -505,10 +505,13 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     main = warmup + repeats
     kept = timed_pass(0, main)
     again = kept.pop("again")
-    if again:  # the parent saw a median below the physical floor: a second pass, fresh seeds
-        print(f"[candidate] median below the physical floor: {again} more timed calls", flush=True)
-        kept.update(timed_pass(main, again))
-        kept.pop("again", None)
+    done = main
+    while again:  # the parent asks for more: a ratio near a threshold, or a median below the physical floor
+        print(f"[candidate] the parent asked for {again} more timed calls", flush=True)
+        more = timed_pass(done, again)
+        done += again
+        again = more.pop("again")
+        kept.update(more)
     if len(audit.violations) > n_viol:
         raise Reject("fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")
     _check_upcasts(ctx, "timing", n_up)
@@ -517,7 +520,30 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     if ctx.guards.new_python_threads(ctx.base_threads):
         raise Reject("side_stream", "timing: thread still running after forward returned")
     ctx.check_harness("timing")
-    return kept, main + again
+    return kept, done
+
+
+class _TimingLock:
+    """The device for the checked and timed calls, held by the parent on this child's behalf (asked
+    for over the channel): the parent times baselines between this child's rounds, so the child
+    must not be able to let go of it."""
+
+    def __init__(self, rounds):
+        self.chan = rounds.Channel(sandbox_fd())
+        self.held = False
+
+    def __enter__(self):
+        rep = self.chan.request({"kind": "timing_lock"})
+        if not rep.get("ok"):
+            raise Reject("timing_protocol", f"timing lock refused: {rep.get('error')}")
+        self.held = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.held:
+            self.held = False
+            self.chan.request({"kind": "timing_unlock"})
+        return False
 
 
 def measure(job) -> dict:
@@ -526,6 +552,7 @@ def measure(job) -> dict:
     prepare, instantiate, load_weights, guarded_forward = _prepare, _instantiate, _load_weights, _guarded_forward
     check_precision = _check_precision
     warm_profiler, checked_trials, profiled_call, timed_rounds = _warm_profiler, _checked_trials, _profiled_call, _timed_rounds
+    timing_lock = _TimingLock
     ctx = prepare(job)
     torch, tracker, info = ctx.torch, ctx.tracker, ctx.info
     lock = ExitStack()
@@ -541,7 +568,7 @@ def measure(job) -> dict:
             warm_profiler(ctx)
         t_setup = time.perf_counter() - _T_IMPORT
         info["setup_s"] = round(t_setup, 3)
-        lock.enter_context(device_lock(job))
+        lock.enter_context(timing_lock(ctx.rounds))
         t1 = time.perf_counter()
         with torch.no_grad():
             contents, buffers, trial_outs, second_outs = checked_trials(ctx, job, data)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 # The children's entry modules, imported once by the fork server (opsynth.runtime) before it forks.
-RUNNERS = ("opsynth.reward.guards", "opsynth.reward.candidate_runner", "opsynth.reward.reference_runner", "opsynth.reward.build_runner")
+RUNNERS = ("opsynth.reward.guards", "opsynth.reward.candidate_runner", "opsynth.reward.reference_runner", "opsynth.reward.build_runner",
+           "opsynth.reward.baseline_runner")
 
 
 def default_cache_dir() -> Path:
@@ -21,6 +22,16 @@ def default_cache_dir() -> Path:
     if env:
         return Path(env)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opsynth" / "rl"
+
+
+def device_env(cfg: "RewardConfig", device: str) -> dict:
+    """A child's environment for the device: it sees exactly this process's GPU (under several ranks
+    or workers, each its own). Every child the reward starts gets it (reference, candidate, baselines)."""
+    if device != "cuda":
+        return {}
+    from opsynth.runtime.timing import gpu_key
+
+    return {"CUDA_VISIBLE_DEVICES": gpu_key(cfg.resolved_device_index())}
 
 
 # Runtime guards a test may switch off (RewardConfig.disabled_guards), to show what each one stops.
@@ -67,6 +78,14 @@ class RewardConfig:
     remote_builds: bool = False  # evaluate_many with a Dask client: send builds to any worker
     disabled_guards: list = field(default_factory=list)  # for tests only: guards switched off to show that the
     # attack they stop succeeds without them (a control); names in GUARDS. Never set this in training.
+    baselines: str = "fresh"  # "fresh": every correct candidate is timed in blocks alternating with fresh eager (and,
+    # once it beats eager, torch.compile) blocks, the reward follows the ratio's interval, and the cached baselines are
+    # re-validated against them (opsynth.reward.baselines); "cached": a complete cached entry decides as stored
+    confidence: float = 0.95  # two-sided level of the ratio's interval (opsynth.reward.confidence)
+    timing_block: int | None = None  # timed calls per block, candidate and baseline alike (None: 10 on cuda, 5 on cpu)
+    max_timed_calls: int | None = None  # cap on a candidate's timed calls while a ratio is near a threshold (None: 3x repeats)
+    baseline_drift: float = 2.0  # a cached baseline is replaced when outside the fresh median's interval widened by
+    # this factor either way (the failures seen were 10-100x; a shared 2-core machine drifts ~1.6x between minutes)
 
     def quoted_settings(self) -> dict:
         """What `details["settings"]` of a verdict holds (SETTINGS_QUOTED)."""
@@ -86,6 +105,14 @@ class RewardConfig:
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"reward.device must be auto, cuda or cpu, got {self.device!r}")
         self.ccache = str(self.ccache).lower() if isinstance(self.ccache, bool) else self.ccache
+        if self.baselines not in ("fresh", "cached"):
+            raise ValueError(f"reward.baselines must be fresh or cached, got {self.baselines!r}")
+        if not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"reward.confidence must be in [0.5, 1), got {self.confidence}")
+        if self.timing_block is not None and self.timing_block < 1:
+            raise ValueError(f"reward.timing_block must be >= 1, got {self.timing_block}")
+        if self.baseline_drift < 1.0:
+            raise ValueError(f"reward.baseline_drift must be >= 1, got {self.baseline_drift}")
 
     def resolved_device_index(self) -> int:
         if self.device_index is not None:
@@ -134,6 +161,14 @@ class RewardConfig:
         if self.cpu_threads:
             return self.cpu_threads
         return 2 if device == "cuda" else None
+
+    def resolved_timing_block(self, device: str) -> int:
+        return self.timing_block or (10 if device == "cuda" else 5)
+
+    def timing_cap(self, device: str) -> int:
+        """Most timed calls (warm-up excluded) a candidate's main pass may reach."""
+        reps = self.timing(device)[1]
+        return max(reps, self.max_timed_calls if self.max_timed_calls is not None else 3 * reps)
 
     def timing(self, device: str) -> tuple[int, int]:
         warm = self.warmup if self.warmup is not None else (10 if device == "cuda" else 3)

@@ -6,16 +6,19 @@ with timeout and limits; see opsynth.runtime.sandbox and .isolation):
 1. resolve the candidate (source, file, workspace, or fenced code in a completion) and pre-check it
    statically (cheap rejections first);
 2. reference child: builds Model, draws fresh inputs from seeds chosen here, saves its weights,
-   inputs and outputs to a scratch dir, and times eager and torch.compile (cached per task, device,
-   torch version, signed by this process); the parent loads the outputs and deletes the files before
-   any candidate runs;
+   inputs and outputs to a scratch dir, and computes the fingerprints of every timed round; the
+   parent loads the outputs and deletes the files before any candidate runs. An eager baseline child
+   for the task starts beside it (`baselines`: the baselines are timed in blocks between the
+   candidate's, and the cache of them is re-validated);
 3. candidate child: runs the module top level; its `load_inline` calls are built by the trusted
    build service (opsynth.reward.builds: content-addressed extension cache, ccache per translation
    unit, shared PCH), and it loads the result read-only. On the cpu backend `evaluate_many` first runs
    every candidate's top level in a separate child ("prebuild") so no build runs beside a timing;
-4. the same child, measure phase (serialised per device): runs ModelNew under the guards, saves its
-   outputs, times it;
-5. the parent compares outputs with the reference and applies the reward rule.
+4. the same child, measure phase (the parent holds the device lock for it): runs ModelNew under the
+   guards, saves its outputs, times it in rounds, between which the parent times baseline blocks with
+   builds paused (`quiet`), taking more blocks while the ratio is near a threshold;
+5. the parent compares outputs with the reference and applies the reward rule to the ratio's
+   interval (`confidence`).
 
 `evaluate_many(..., client=)` spreads a batch over a Dask cluster: each GPU worker evaluates its
 share under its own device lock, and with `remote_builds` the builds go to any worker.
@@ -37,7 +40,7 @@ from pathlib import Path
 from opsynth.render.task_file import check_mode, task_kind, tolerance
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
 from opsynth.reward.builds import build_service
-from opsynth.reward.eval_types import EvalResult, RewardConfig, reward_from_times
+from opsynth.reward.eval_types import EvalResult, RewardConfig, device_env, reward_from_times
 
 __all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
 
@@ -53,8 +56,9 @@ class _Reference:
     job: dict | None = None
     outputs: dict | None = None  # {"trials": [[tensor,...],...], "second": [[...]] or None}
     data: bytes | None = None  # weights and inputs (torch.save bytes), handed to candidates on stdin
-    eager_ms: float | None = None
+    eager_ms: float | None = None  # the cached baselines (the fresh ones come with each candidate's timing)
     compile_ms: float | None = None
+    baselines: object = None  # the task's baselines in this batch (opsynth.reward.baselines.TaskBaselines)
     plan: object = None  # the timed rounds' TimingPlan (opsynth.reward.rounds), shared by its candidates
     rounds: object = None  # the reference's RoundSession: the parent's clock of its rounds, its input hashes
     floor_ms: float | None = None  # the physical floor (opsynth.reward.floor)
@@ -90,15 +94,6 @@ def _lock_path(cfg: RewardConfig, device: str) -> str:
     return path
 
 
-def _device_env(cfg: RewardConfig, device: str) -> dict:
-    """Children see exactly this process's GPU (under several ranks or workers, each its own)."""
-    if device != "cuda":
-        return {}
-    from opsynth.runtime.timing import gpu_key
-
-    return {"CUDA_VISIBLE_DEVICES": gpu_key(cfg.resolved_device_index())}
-
-
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode: str | None = None) -> _Reference:
     from opsynth.reward import baseline_cache
     from opsynth.reward.eval_types import RUNNERS
@@ -112,6 +107,9 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         return _Reference(False, "task_error", f"[reward] {e}", scratch)
     tcfg = task_cfg(cfg, task_code)
     cached = baseline_cache.lookup(cfg, task_code, device, task_mode)
+    from opsynth.reward.baselines import decides_as_stored
+
+    as_stored = decides_as_stored(cfg, cached)  # then no baseline blocks, and no rounds to add
     rng = secrets.SystemRandom()
     job = {
         "task_path": str(scratch / "task.py"),
@@ -122,8 +120,6 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         "second_seed": rng.randrange(1, 2**62),
         "init_seed": rng.randrange(1, 2**62),
         "second_shape": cfg.second_shape,
-        "measure_baselines": cached is None,
-        "compile_baseline": cfg.compile_baseline,
         "timing": list(cfg.timing(device)),
         "flush_l2": cfg.flush_l2,
         "cpu_threads": cfg.resolved_cpu_threads(device),
@@ -136,10 +132,12 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     }
     from opsynth.reward.rounds import RoundSession, TimingPlan, session_handler
 
-    plan = TimingPlan.draw(*cfg.timing(device), tcfg.atol, tcfg.rtol)  # seeds reach the reference on stdin only
+    warmup, repeats = cfg.timing(device)
+    extra = 0 if as_stored else cfg.timing_cap(device) - repeats  # rounds a ratio near a threshold may add
+    plan = TimingPlan.draw(warmup, repeats, tcfg.atol, tcfg.rtol, extra)  # seeds reach the reference on stdin only
     ref_rounds = RoundSession(plan, end=len(plan.seeds))  # the reference runs the re-measure rounds too
     res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
-                    env_extra=_device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
+                    env_extra=device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
                     build_handler=session_handler(ref_rounds, None))
     if res.reason != "ok":
         # the task's own failure: named task_* (task_timeout, task_error), never a program's reason
@@ -156,11 +154,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     data_path = Path(job["data_path"])
     data = data_path.read_bytes()
     data_path.unlink()
-    eager_ms, compile_ms = res.data.get("eager_ms"), res.data.get("compile_ms")
-    if cached is not None:
-        eager_ms, compile_ms = cached["eager_ms"], cached["compile_ms"]
-    else:
-        baseline_cache.store(cfg, task_code, device, eager_ms, compile_ms, task_mode)
+    eager_ms, compile_ms = (cached or {}).get("eager_ms"), (cached or {}).get("compile_ms")
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
     job["n_inputs"], job["param_names"] = res.data.get("n_inputs"), res.data.get("param_names")  # a backward step's
@@ -179,7 +173,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
         kdir.mkdir(exist_ok=True)
         for name, text in spec.kernel_files.items():
             (kdir / name).write_text(text)
-    job = {
+    job = {  # no device lock: the parent holds it for the child's timed section (`_TimingLock`)
         "mode": mode,
         "candidate_path": str(scratch / "model_new.py"),
         "workspace": bool(spec.kernel_files),
@@ -187,7 +181,6 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
         "cpu_threads": cfg.resolved_cpu_threads(device),
         "memory_limit_gb": cfg.memory_limit_gb,
         "result_path": str(scratch / f"cand_{mode}.json"),
-        "device_lock": _lock_path(cfg, device),
     }
     if ref is not None and ref.job is not None:
         # A copy in the candidate's own scratch: the reference's scratch belongs to the reference
@@ -221,7 +214,7 @@ def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
     job["cpu_threads"] = 1  # it only waits for builds: no torch thread pools next to the compilers
     builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
     return builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg, warm=RUNNERS,
-                                     build_handler=builds, env_extra=_device_env(cfg, device)))
+                                     build_handler=builds, env_extra=device_env(cfg, device)))
 
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
@@ -229,18 +222,25 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
+    from opsynth.reward.baselines import Pacer
     from opsynth.reward.rounds import RoundSession, session_handler
 
     off = set(cfg.disabled_guards)
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms, "floor_ms": ref.floor_ms}
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
+    fresh = "fresh_inputs" not in off
+    pacer = Pacer(ref.baselines, cfg, device, _lock_path(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
+                  reference=(ref.outputs["rounds"], ref.rounds.keys) if fresh else None)
     rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms,
-                          reference=None if "wall_clock" in off else ref.rounds)
+                          reference=None if "wall_clock" in off else ref.rounds, pacer=pacer)
     # The first run of a fresh build compiles inside this child too, so allow for it.
     builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
-    res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
-                                    warm=RUNNERS, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
-                                    env_extra=_device_env(cfg, device)))
+    try:
+        res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
+                                        warm=RUNNERS, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
+                                        env_extra=device_env(cfg, device), on_start=pacer.set_pid))
+    finally:
+        pacer.close()  # the device lock and the quiet window, whatever the child did
     log = (build_log + "\n" + res.log).strip()
     details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
     if res.reason != "ok":
@@ -263,14 +263,42 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     verdict, detail = judge_outputs(ref.outputs, cand, tcfg)
     if verdict == "ok":
         verdict, detail = _judge_timing(ref, rounds, cand, tcfg, times, details, off)
+    if verdict == "ok" and pacer.failed:
+        verdict, detail = "task_crashed", f"the task's baseline could not be timed: {pacer.failed}"
     times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
     log = (log + "\n" + detail).strip()
     if verdict != "ok":
         out = EvalResult.rejected(verdict, log, times, device)
         out.details = {**details, "detail": detail}
         return out
-    reward = reward_from_times(times["candidate_ms"], ref.eager_ms, ref.compile_ms, cfg.margin)
+    reward = _decide(ref, pacer, rounds, cfg, times, details)
     return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
+
+
+def _decide(ref: _Reference, pacer, rounds, cfg: RewardConfig, times: dict, details: dict) -> int:
+    """The reward of a correct candidate: from the ratio's interval against the fresh baselines (the
+    cache re-validated with them), or, with `baselines="cached"` and a complete entry, the rule on
+    the cached figures as stored. Fills in the ratio, its interval and what the cache did."""
+    from opsynth.reward.baselines import fresh_medians
+
+    if pacer.baselines is None:
+        times["eager_ratio"] = round(times["candidate_ms"] / ref.eager_ms, 5) if ref.eager_ms else None
+        details["baseline"] = {"mode": "cached", "eager": "used_as_stored", "compile": "used_as_stored",
+                               "cached": {"eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}}
+        return reward_from_times(times["candidate_ms"], ref.eager_ms, ref.compile_ms, cfg.margin)
+    decision = pacer.decision(rounds)
+    status = ref.baselines.record(pacer.samples)
+    fresh = fresh_medians(pacer.samples)
+    times["eager_ms"] = fresh["eager_ms"]
+    # torch.compile is timed only once eager is beaten (it decides nothing before); else the cache's figure, reported
+    times["compile_ms"] = fresh["compile_ms"] if fresh["compile_ms"] is not None else (ref.baselines.cached or {}).get("compile_ms")
+    for kind in ("eager", "compile"):
+        iv = decision.get(kind)
+        if iv:
+            times[f"{kind}_ratio"], times[f"{kind}_ratio_lo"], times[f"{kind}_ratio_hi"] = iv["ratio"], iv["lo"], iv["hi"]
+    details["decision"] = decision
+    details["baseline"] = {"mode": "fresh", "compile_source": "fresh" if fresh["compile_ms"] is not None else "cache", **status}
+    return decision["reward"]
 
 
 def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times: dict, details: dict, off: set) -> tuple[str, str]:
@@ -452,9 +480,13 @@ def _build_distinct(batch: _Batch, digest):
 
 def _reference_task(batch: _Batch, task):
     """One task's reference run, with a line before and after for progress."""
-    batch.say("[reward] reference: Model outputs, eager and torch.compile timings")
+    batch.say("[reward] reference: Model outputs and the timed rounds' fingerprints; an eager baseline child")
     ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1])
-    batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
+    if ref.ok:
+        from opsynth.reward.baselines import TaskBaselines
+
+        ref.baselines = TaskBaselines(task[0], task[1], ref.job, batch.cfg, batch.device)  # starts its eager child now
+    batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (cached eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
     return ref
 
 
@@ -530,6 +562,8 @@ def _cleanup_batch(batch: _Batch) -> None:
         _cleanup(s, batch.cfg)
     for f in batch.ref_futs.values():
         if f.done() and f.exception() is None:
+            if f.result().baselines is not None:
+                f.result().baselines.close()
             _cleanup(f.result().scratch, batch.cfg)
 
 

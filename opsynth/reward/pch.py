@@ -183,9 +183,20 @@ def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool 
         tmp = gch.with_name(f"extension.h.gch.tmp{os.getpid()}")
         cmd = [cxx, "-x", "c++-header", str(header), "-o", str(tmp), *flags]
         say(f"[pch] building {gch} (once per compiler and flag set)")
+        from opsynth.reward import quiet
+
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PCH_TIMEOUT_S)
-            err = proc.stderr[-2000:] if proc.returncode != 0 else ""
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            quiet.register(proc.pid, "pch")  # paused while anything is timed
+            try:
+                _, stderr = proc.communicate(timeout=PCH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise
+            finally:
+                quiet.unregister(proc.pid)
+            err = (stderr or "")[-2000:] if proc.returncode != 0 else ""
         except (OSError, subprocess.TimeoutExpired) as e:
             err = f"{type(e).__name__}: {e}"
         if err or not tmp.is_file():

@@ -1,4 +1,4 @@
-"""Reference child: Model's weights, fresh inputs, reference outputs, and eager / compile timings.
+"""Reference child: Model's weights, fresh inputs, reference outputs, the timed rounds' fingerprints.
 
 `python -m opsynth.reward.reference_runner job.json`. Seeds come from the parent; the candidate only
 ever sees the inputs file, after this child has exited.
@@ -6,7 +6,6 @@ ever sees the inputs file, after this child has exited.
 
 from __future__ import annotations
 
-import time
 import traceback
 
 from opsynth.reward.compare import as_output_list
@@ -21,14 +20,6 @@ def _to_cpu(x):
     if isinstance(x, (list, tuple)):
         return [_to_cpu(v) for v in x]
     return x
-
-
-def _make_inputs(mod, seed: int, device: str):
-    import torch
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        return list(mod.get_inputs())
 
 
 def _read_plan() -> dict | None:
@@ -91,71 +82,22 @@ def _flops(model, inputs: list, device: str) -> dict:
 
 
 def run(job: dict) -> dict:
-    """Everything that touches the device runs under the device lock, except torch.compile's
-    compilation (seconds to a minute of CPU work for each new task), which would otherwise hold up
-    every candidate's measurement behind it."""
+    """Everything that touches the device runs under the device lock. The baselines are not timed
+    here: eager and torch.compile each have a child of their own (`baseline_runner`)."""
     import torch  # noqa: F401  (import outside the device lock)
 
     with device_lock(job):
-        result, compile_job = _run(job)
-    if compile_job is not None:
-        _compile_baseline(job, result, *compile_job)
-    return result
+        return _run(job)
 
 
-def _compile_baseline(job: dict, result: dict, model, buffers, contents, timer, warmup, repeats) -> None:
+def _run(job: dict) -> dict:
+    """Reference outputs, the timed rounds' fingerprints, the weights and inputs for the candidates.
+    The call is the task's step (`task_call.step_of`): Model's forward, or for a backward task its
+    forward and gradients."""
     import torch
 
-    from opsynth.render.task_file import task_step
-    from opsynth.runtime.timing import time_forward
-
-    try:
-        t0 = time.perf_counter()
-        compiled = torch.compile(model)
-        kind = _kind(job)
-        if kind.backward:  # forward and backward of the compiled model, on the same gradients
-            compiled = task_step(compiled, kind, result["n_inputs"], result["param_names"], owner=model)
-        with torch.no_grad():
-            compiled(*buffers)  # compiles (CPU work) outside the lock; one forward on the device
-        print(f"[reference] torch.compile took {time.perf_counter() - t0:.1f} s", flush=True)
-        with device_lock(job), torch.no_grad():
-            result["compile_ms"], _ = time_forward(compiled, buffers, contents, timer, warmup, repeats)
-        print(f"[reference] compile {result['compile_ms']:.4f} ms", flush=True)
-    except Exception:
-        traceback.print_exc()
-        print("[reference] torch.compile baseline failed; reward 3 is out of reach", flush=True)
-
-
-def _kind(job: dict):
-    from opsynth.render.task_file import TaskKind
-
-    return TaskKind(**(job.get("task_kind") or {}))
-
-
-def _call_args(mod, model, kind, seed: int, device: str):
-    """One call's arguments: the task's inputs from `seed`, and for a backward task the
-    grad_outputs drawn for them (`task_file.grad_outputs`), after them."""
-    import torch
-
-    from opsynth.render.task_file import grad_outputs
-
-    inputs = _make_inputs(mod, seed, device)
-    if not kind.backward:
-        return inputs
-    with torch.no_grad():
-        shapes = as_output_list(model(*inputs))
-    return [*inputs, *grad_outputs(shapes, seed)]
-
-
-def _run(job: dict):
-    """Reference outputs and the eager timing (under the device lock); returns (result, what the
-    compile baseline needs, or None). The call is the task's step (`task_file.task_step`): Model's
-    forward, or for a backward task its forward and gradients."""
-    import torch
-
-    from opsynth.render.task_file import load_task_module, parameter_names, set_mode, task_step, with_second_shape
-    from opsynth.reward.compare import as_output_list
-    from opsynth.runtime.timing import Timer, time_forward
+    from opsynth.render.task_file import load_task_module, with_second_shape
+    from opsynth.reward.task_call import build_model, call_args, job_kind, step_of
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))
@@ -163,30 +105,21 @@ def _run(job: dict):
     source = open(job["task_path"]).read()
     try:
         mod = load_task_module(source)
-        init_inputs = list(mod.get_init_inputs())
-        torch.manual_seed(int(job["init_seed"]))
-        with torch.device(device):
-            model = mod.Model(*init_inputs)
-        model = set_mode(model.to(device), job.get("task_mode"))
-        kind = _kind(job)
-        n_inputs = None
-        if kind.backward:
-            with torch.device("meta"):  # how many inputs a call has (the grad_outputs follow them)
-                n_inputs = len(mod.get_inputs())
-        names = parameter_names(model) if kind.backward else None
-        call = task_step(model, kind, n_inputs, names)
+        model, init_inputs = build_model(mod, job, device)
+        kind = job_kind(job)
+        call, n_inputs, names = step_of(mod, model, kind)
     except Exception:
         traceback.print_exc()
-        return {"reason": "task_error"}, None
+        return {"reason": "task_error"}
 
     trials, outputs = [], []
     with torch.no_grad():
         for seed in job["trial_seeds"]:
-            inputs = _call_args(mod, model, kind, int(seed), device)
+            inputs = call_args(mod, model, kind, int(seed), device)
             out = as_output_list(call(*inputs))
             if not all(isinstance(o, torch.Tensor) for o in out):
                 return {"reason": "task_error", "error": "a gradient of Model does not exist" if kind.backward
-                        else "Model output is not tensors"}, None
+                        else "Model output is not tensors"}
             trials.append(_to_cpu(inputs))
             outputs.append(_to_cpu(out))
         second_inputs = second_outputs = None
@@ -194,7 +127,7 @@ def _run(job: dict):
             src2 = with_second_shape(source)
             if src2 is not None:
                 mod2 = load_task_module(src2, "task_module_second")
-                inputs = _call_args(mod2, model, kind, int(job["second_seed"]), device)
+                inputs = call_args(mod2, model, kind, int(job["second_seed"]), device)
                 second_inputs = _to_cpu(inputs)
                 second_outputs = _to_cpu(as_output_list(call(*inputs)))
 
@@ -211,29 +144,14 @@ def _run(job: dict):
         job["data_path"],
     )
     torch.save({"trials": outputs, "second": second_outputs, **(rounds or {})}, job["ref_outputs_path"])
-    result = {
+    return {
         "reason": "ok",
         "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
         "has_second": second_inputs is not None,
-        "eager_ms": None,
-        "compile_ms": None,
         "n_inputs": n_inputs,
         "param_names": names,
         **_flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device),
     }
-    if not job.get("measure_baselines"):
-        return result, None
-
-    warmup, repeats = job["timing"]
-    timer = Timer(device, job.get("flush_l2", True))
-    contents = [[x.to(device) if isinstance(x, torch.Tensor) else x for x in t] for t in trials]
-    buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in contents[0]]
-    with torch.no_grad():
-        result["eager_ms"], _ = time_forward(call, buffers, contents, timer, warmup, repeats)
-        print(f"[reference] eager {result['eager_ms']:.4f} ms", flush=True)
-    if job.get("compile_baseline"):
-        return result, (model, buffers, contents, timer, warmup, repeats)
-    return result, None
 
 
 if __name__ == "__main__":

@@ -59,16 +59,18 @@ class TimingPlan:
     def main(self) -> int:
         return self.warmup + self.repeats
 
+    extra: int = 0  # rounds the main pass may be extended by (a ratio near a threshold: opsynth.reward.baselines)
+
     @classmethod
-    def draw(cls, warmup: int, repeats: int, atol: float, rtol: float) -> "TimingPlan":
+    def draw(cls, warmup: int, repeats: int, atol: float, rtol: float, extra: int = 0) -> "TimingPlan":
         rng = secrets.SystemRandom()
-        n = warmup + repeats + remeasure_rounds(repeats)
+        n = warmup + repeats + extra + remeasure_rounds(repeats)
         keep = sorted(rng.sample(range(warmup, warmup + repeats), min(KEEP, repeats)))
-        return cls(warmup, repeats, [rng.randrange(1, 2**62) for _ in range(n)], keep, atol, rtol)
+        return cls(warmup, repeats, [rng.randrange(1, 2**62) for _ in range(n)], keep, atol, rtol, extra)
 
     def to_dict(self) -> dict:
         return {"warmup": self.warmup, "repeats": self.repeats, "seeds": self.seeds, "keep": self.keep,
-                "atol": self.atol, "rtol": self.rtol}
+                "atol": self.atol, "rtol": self.rtol, "extra": self.extra}
 
 
 class ProtocolError(Exception):
@@ -82,7 +84,13 @@ class RoundSession:
     A round is four messages, in this order: `round_start` (the parent answers with the seed),
     `round_ready` (inputs made, the timed call comes next), `round_returned` (the call is over: its
     claimed ms), `round_done` (fingerprints and input hash; the parent answers whether to keep the
-    outputs). The parent's clock between `ready` and `returned` holds the call and little else."""
+    outputs). The parent's clock between `ready` and `returned` holds the call and little else.
+
+    With a `pacer` (a candidate's session: `opsynth.reward.baselines.Pacer`) the child first asks
+    for the device lock (`timing_lock`, held by the parent until `timing_unlock`); the pacer runs
+    baseline blocks while the child waits for a round's seed (the parent's clocks of that round
+    start after them), and at the end of the main pass may extend it (`again` on `timing_done`,
+    the same rounds protocol on the plan's next seeds) before the re-measure decision is taken."""
 
     plan: TimingPlan
     floor_ms: float | None = None  # below it, the timed pass gets a second one (None: no floor)
@@ -99,7 +107,9 @@ class RoundSession:
     next_round: int = 0
     step: str = "round_start"  # the message expected next for round next_round
     end: int | None = None  # rounds of this child: main, or main + re-measure
-    again: int = 0
+    again: int = 0  # rounds of the re-measure pass (0: none)
+    main_extra: int = 0  # rounds the pacer added to the main pass
+    pacer: object = None
     error: str | None = None
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -117,13 +127,24 @@ class RoundSession:
             if self.error is not None:
                 return {"ok": False, "error": self.error}
             kind = req.get("kind")
-            end = self.end if self.end is not None else self.plan.main
+            end = self.end if self.end is not None else self.main_end
+            if kind in ("timing_lock", "timing_unlock"):
+                if self.pacer is not None:
+                    why = self.pacer.lock() if kind == "timing_lock" else self.pacer.unlock()
+                    if why:
+                        return self._fail(why)
+                return {"ok": True}
             if kind in self._NEXT:
                 j = req.get("j")
                 if j != self.next_round or kind != self.step or j >= end:
                     return self._fail(f"{kind} for round {j} out of turn (expected {self.step} for round {self.next_round})")
                 self.step = self._NEXT[kind]
                 if kind == "round_start":
+                    if self.pacer is not None and self.end is None:
+                        why = self.pacer.before_round(self, j)  # baseline blocks, the candidate stopped
+                        if why:
+                            return self._fail(why)
+                        now = time.perf_counter()  # this round's clock starts after them
                     self.started[j] = now
                     return {"ok": True, "seed": self.plan.seeds[j]}
                 if kind == "round_ready":
@@ -147,21 +168,39 @@ class RoundSession:
             if kind == "timing_done":
                 if self.next_round != end or self.step != "round_start":
                     return self._fail(f"timing ended after {self.next_round} of {end} rounds")
-                if self.end is None and len(self.plan.seeds) > self.plan.main:
+                if self.end is None and self.pacer is not None:
+                    if not self.pacer.locked:
+                        return self._fail("the timed rounds ended after the timing lock was let go")
+                    more = self.pacer.after_pass(self)  # the main pass, extended while a ratio is near a threshold
+                    if more:
+                        self.main_extra += more
+                        return {"ok": True, "again": more}
+                left = len(self.plan.seeds) - self.main_end
+                if self.end is None and left > 0:
                     below = self.floor_ms is not None and self.median(main=True) < self.floor_ms
                     if below or (self.reference is not None and not plausible(self, self.reference)[0]):
-                        self.again = len(self.plan.seeds) - self.plan.main
-                        self.end = self.plan.main + self.again
+                        self.again = min(left, remeasure_rounds(self.plan.repeats))
+                        self.end = self.main_end + self.again
                         return {"ok": True, "again": self.again}
                 self.end = end
                 self.done = True
                 return {"ok": True, "again": 0}
             return self._fail(f"unknown timing message {kind!r}")
 
+    @property
+    def main_end(self) -> int:
+        """The end of the main pass: the plan's, plus what the pacer added."""
+        return self.plan.main + self.main_extra
+
+    @property
+    def in_window(self) -> bool:
+        """Between the first round and the end of timing, where builds are paused (`quiet`)."""
+        return self.pacer is not None and bool(self.started) and not self.done
+
     def timed(self, main: bool = True) -> range:
         """The rounds whose median is a pass's time: the main pass less its warm-up, or the re-measure."""
         p = self.plan
-        return range(p.warmup, p.main) if main else range(p.main, self.end or p.main)
+        return range(p.warmup, self.main_end) if main else range(self.main_end, self.end or self.main_end)
 
     def median(self, main: bool = True) -> float:
         """Median claimed ms of the timed rounds (main pass, warm-up excluded; or the re-measure)."""
@@ -184,6 +223,8 @@ def session_handler(session: RoundSession, fallback):
             return session.handle(req)
         if fallback is None:
             return {"ok": False, "error": "this channel serves timing only"}
+        if session.in_window:  # builds are paused now: one would never finish
+            return fallback(req, cache_only=True)
         return fallback(req)
 
     return handle

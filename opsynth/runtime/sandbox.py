@@ -199,6 +199,7 @@ def run_child(
     readable: list[str] = (),
     shared_ids: bool = False,
     warm: tuple[str, ...] = (),
+    on_start: Callable[[int], None] | None = None,
 ) -> ChildResult:
     """Run `module.run(job)` in a fresh confined child; kill its whole process group on timeout.
 
@@ -207,6 +208,8 @@ def run_child(
     `readable` adds paths it must read (the extension cache); `warm` names the modules the fork
     server imports before forking (the caller's runners: `module` is one of them). Under root each child runs as a uid
     of its own (`shared_ids`: the one build uid, for children that share a compiler cache).
+    `on_start(pid)`, when given, hears the child's pid (its process group) once it runs: the reward
+    pauses builds and idle children with it while it times (`opsynth.reward.quiet`).
     """
     scratch = Path(scratch)
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
@@ -266,6 +269,8 @@ def run_child(
         return ChildResult("crashed", {}, f"[sandbox] could not start the child: {e}", time.perf_counter() - t0)
     os.close(r_in)
     os.close(log_fd)
+    if on_start is not None:
+        on_start(child.pid)
     if parent_sock is not None:
         child_sock.close()
         threading.Thread(target=_serve_builds, args=(parent_sock, build_handler), daemon=True).start()

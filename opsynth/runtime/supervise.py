@@ -54,3 +54,36 @@ def exit_signal(returncode: int | None, confined: bool) -> int | None:
     if confined and 128 < returncode < 128 + signal.NSIG:
         return returncode - 128
     return None
+
+
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all its descendants, whatever their session or PID namespace ([] when it is gone)."""
+    try:
+        top = psutil.Process(pid)
+        return [pid, *(p.pid for p in top.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def stop_tree(pid: int) -> list[int]:
+    """SIGSTOP `pid` and everything below it, top first (a stopped process spawns nothing more), then
+    once more for anything started meanwhile; returns the pids stopped (for `continue_pids`)."""
+    stopped: list[int] = []
+    for _ in range(2):
+        for p in tree_pids(pid):
+            if p not in stopped:
+                try:
+                    os.kill(p, signal.SIGSTOP)
+                    stopped.append(p)
+                except OSError:
+                    pass
+    return stopped
+
+
+def continue_pids(pids) -> None:
+    """SIGCONT each of `pids` (those gone are skipped)."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGCONT)
+        except OSError:
+            pass

@@ -22,6 +22,12 @@ class EvalRecord:
     reason: str = ""
     speedup_eager: float | None = None  # eager time / candidate time
     speedup_compile: float | None = None  # torch.compile time / candidate time
+    # The decision's ratio to eager and its interval (opsynth.reward.confidence), and whether a
+    # threshold that decides the reward was left undecided at the cap on timed calls
+    eager_ratio: float | None = None
+    eager_ratio_lo: float | None = None
+    eager_ratio_hi: float | None = None
+    near_threshold: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,6 +50,7 @@ def record_from_result(result: Any, task_id: str | None = None) -> EvalRecord:
     eager = _time_of(times, "eager_ms", "eager", "ref_ms", "reference_ms")
     comp = _time_of(times, "compile_ms", "compile", "compiled_ms")
     correct = bool(getattr(result, "correct", False))
+    decision = ((getattr(result, "details", None) or {}).get("decision") or {}) if correct else {}
     return EvalRecord(
         task_id=task_id,
         reward=float(getattr(result, "reward", -1)),
@@ -51,4 +58,8 @@ def record_from_result(result: Any, task_id: str | None = None) -> EvalRecord:
         reason=str(getattr(result, "reason", "") or ""),
         speedup_eager=(eager / cand) if (correct and cand and eager) else None,
         speedup_compile=(comp / cand) if (correct and cand and comp) else None,
+        eager_ratio=_time_of(times, "eager_ratio") if correct else None,
+        eager_ratio_lo=_time_of(times, "eager_ratio_lo") if correct else None,
+        eager_ratio_hi=_time_of(times, "eager_ratio_hi") if correct else None,
+        near_threshold=bool(decision["near_threshold"]) if "near_threshold" in decision else None,
     )

@@ -37,6 +37,12 @@ def log_record_metrics(records: list[EvalRecord], log_metric: Callable[[str, flo
             log_metric(f"{prefix}log_speedup_eager", math.log(r.speedup_eager))
         if r.correct and r.speedup_compile and r.speedup_compile > 0:
             log_metric(f"{prefix}log_speedup_compile", math.log(r.speedup_compile))
+        if r.correct and r.eager_ratio and r.eager_ratio_lo and r.eager_ratio_hi and math.isfinite(r.eager_ratio_hi):
+            # the decision's ratio to eager and how wide its interval was (log of hi / lo: 0.1 is about +-5 %)
+            log_metric(f"{prefix}log_eager_ratio", math.log(r.eager_ratio))
+            log_metric(f"{prefix}eager_ratio_log_width", math.log(r.eager_ratio_hi / r.eager_ratio_lo))
+        if r.correct and r.near_threshold is not None:
+            log_metric(f"{prefix}near_threshold", float(r.near_threshold))  # left undecided at the cap: the lower reward
 
 
 def _evaluate_many(pairs: list[tuple[str, str]], eval_cfg: Any) -> list[Any]:

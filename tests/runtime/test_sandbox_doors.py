@@ -53,7 +53,8 @@ RUNNER = textwrap.dedent(
     from opsynth.reward import RewardConfig, evaluate_many
     spec = json.load(open(sys.argv[1]))
     cfg = RewardConfig(device=spec["device"], cache_dir=spec["cache"], compile_baseline=False, static_check=False,
-                       warmup=2, repeats=5, cpu_threads=1, isolation=spec["isolation"], shared_pch=spec["shared_pch"])
+                       warmup=2, repeats=5, cpu_threads=1, isolation=spec["isolation"], shared_pch=spec["shared_pch"],
+                       baselines=spec.get("baselines", "fresh"))
     res = evaluate_many([(spec["task"], c) for c in spec["candidates"]], cfg)
     print(json.dumps([{{"reward": r.reward, "reason": r.reason, "log": r.log[-4000:]}} for r in res]))
     """
@@ -93,11 +94,12 @@ def _strays() -> list[str]:
     return sorted(str(p) for d in (Path("/dev/shm"), Path("/tmp")) if d.is_dir() for p in d.glob("opsynth_door_*"))
 
 
-def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: int | None = None, device: str = "cpu") -> list[dict]:
+def _run(tmp: Path, cache: Path, candidates: list[str], isolation: str, as_uid: int | None = None, device: str = "cpu",
+         baselines: str = "fresh") -> list[dict]:
     spec = tmp / f"spec_{isolation}_{len(candidates)}_{as_uid}.json"
     task = TASK if device == "cpu" else GPU_TASK
     spec.write_text(json.dumps({"cache": str(cache), "task": task, "candidates": candidates, "isolation": isolation, "device": device,
-                                "shared_pch": as_uid is None}))
+                                "shared_pch": as_uid is None, "baselines": baselines}))
     runner = tmp / "runner.py"
     runner.write_text(RUNNER.format(repo=str(REPO)))
     cmd = [sys.executable, str(runner), str(spec)]
@@ -229,9 +231,10 @@ def test_control_without_isolation_the_doors_open_and_the_exploit_pays(tmp_path)
     assert door["reward"] == -1  # a door that opened zeroes the output: it can never pass as correct
     exploit = _run(tmp_path, cache, [_exploit(cache)], "none")[0]
     assert "exploit failed" not in exploit["log"], exploit["log"][-1500:]
-    again = _run(tmp_path, cache, [SLOW], "none")[0]
-    # The known slow candidate now "beats" its forged baselines: 2 here, where the CPU runs time no
-    # compiled baseline (3 on the H200, as reported).
+    # The known slow candidate now "beats" its forged baselines when the cache decides as stored: 2
+    # here, where the CPU runs time no compiled baseline (3 on the H200, as reported). (With the
+    # default, fresh baselines, re-validation replaces the forged entry: tests/reward/test_reward_baselines.py.)
+    again = _run(tmp_path, cache, [SLOW], "none", baselines="cached")[0]
     assert again["reward"] == 2, again
     assert _strays() == [] or all("control" not in s for s in _strays())
 

@@ -1,0 +1,470 @@
+"""Baselines that hold: eager and torch.compile timed beside the candidate, in the same quiet seconds.
+
+Why: a baseline timed once and cached is only as good as the minute it was timed in. Timed while
+the shared PCH and a candidate's extension were building, the chain task's cached eager baseline
+read 75 ms against 0.67 ms, and the same candidate scored 2 in one cache and 3 in another.
+
+How, for each correct candidate (`Pacer`, driven by the candidate's `rounds.RoundSession`):
+
+- the parent holds the device lock for the candidate's timed section (the child asks for it over
+  its channel and cannot release it), and opens a quiet window (`quiet`): builds, the PCH compiler
+  and idle baseline children are stopped until the section ends;
+- the candidate's timed rounds come in blocks; before the first, between each two and after the
+  last, the candidate is stopped and the task's baseline child times a block of the same number of
+  calls (`baseline_runner`: fresh inputs per call, the same timer). Blocks alternate, so drift
+  moves both samples alike; `confidence` turns them into the ratio and its interval;
+- while a threshold that decides the reward is not cleared, the pacer asks the candidate for one
+  more block (up to `max_timed_calls`); when eager is beaten, a compile baseline child joins (the
+  task's one torch.compile in the batch, run with the device lock released and the candidate
+  stopped) and its blocks interleave with the candidate's next ones.
+
+The baseline cache (`baseline_cache`) is re-validated against every candidate's fresh samples
+(`TaskBaselines.record`): an entry outside the fresh median's interval widened by
+`baseline_drift` is replaced, never used. With `baselines="cached"` a complete cached entry
+decides as stored, without fresh blocks (the behaviour before; tests use it as the control).
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+from collections import OrderedDict
+import shutil
+import tempfile
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+
+BLOCK_TIMEOUT_S = 600.0  # one block of the task's own Model (trusted code): generous
+
+
+class BaselineFailed(RuntimeError):
+    """A baseline child could not start or time: the task's failure, not the candidate's."""
+
+
+class BaselineServer:
+    """One baseline child (eager or compile) for one task in one batch, timing blocks on request."""
+
+    def __init__(self, kind: str, task_code: str, ref_job: dict, cfg, device: str):
+        from opsynth.reward.eval_types import device_env
+
+        self.kind, self.cfg, self.device = kind, cfg, device
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"opsynth_base_{kind}_"))
+        (self.scratch / "task.py").write_text(task_code)
+        self.job = {
+            "kind": kind,
+            "task_path": str(self.scratch / "task.py"),
+            "task_mode": ref_job.get("task_mode"),
+            "task_kind": ref_job.get("task_kind"),  # the step it times: the task's precision and pass
+            "device": device,
+            "init_seed": ref_job["init_seed"],
+            "trial_seeds": ref_job["trial_seeds"],
+            "seed": secrets.randbelow(2**62),
+            "cpu_threads": cfg.resolved_cpu_threads(device),
+            "flush_l2": cfg.flush_l2,
+            "memory_limit_gb": cfg.memory_limit_gb,
+            "result_path": str(self.scratch / "baseline_result.json"),
+        }
+        self.env = device_env(cfg, device)
+        self.pid: int | None = None
+        self.info: dict = {}
+        self.error: str | None = None
+        self.warmed = False
+        self.log = ""
+        self._ready = threading.Event()
+        self._orders: queue.Queue = queue.Queue()
+        self._replies: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"baseline-{kind}")
+        self._thread.start()
+
+    def _handle(self, req: dict) -> dict:
+        kind = req.get("kind") if isinstance(req, dict) else None
+        if kind == "baseline_ready":
+            self.info = {k: v for k, v in req.items() if k != "kind"}
+            self._ready.set()
+        elif kind == "block_done":
+            self._replies.put([float(x) for x in req.get("ms") or []])
+        elif kind == "baseline_failed":
+            self.error = str(req.get("error"))[-2000:]
+            self._ready.set()
+            return {"ok": False, "stop": True}
+        else:
+            return {"ok": False, "error": f"unexpected message {kind!r}"}
+        return {"ok": True, **self._orders.get()}
+
+    def _run(self) -> None:
+        from opsynth.reward import quiet
+        from opsynth.reward.eval_types import RUNNERS
+        from opsynth.runtime.sandbox import run_child
+
+        timeout = 7 * 24 * 3600.0  # it lives as long as its batch; `close` ends it
+        try:
+            with quiet.tracked("baseline") as on_start:
+                res = run_child("opsynth.reward.baseline_runner", self.job, self.scratch, timeout, self.cfg, warm=RUNNERS,
+                                build_handler=self._handle, env_extra=self.env, on_start=self._started(on_start))
+            self.log = res.log
+            if res.reason != "ok" and self.error is None:
+                self.error = f"{res.reason}: {res.log[-1500:]}"
+        except Exception as e:  # noqa: BLE001 - reported as the task's failure
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.error = self.error or ("the baseline child ended" if not self._ready.is_set() else self.error)
+            self._ready.set()
+            self._replies.put(None)
+
+    def _started(self, on_start):
+        def started(pid: int) -> None:
+            self.pid = pid
+            on_start(pid)
+
+        return started
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until the child is ready to time (for compile: compiled); raises BaselineFailed."""
+        timeout = timeout if timeout is not None else self.cfg.reference_timeout_s
+        if not self._ready.wait(timeout):
+            raise BaselineFailed(f"the {self.kind} baseline child was not ready after {timeout:.0f} s")
+        if self.error is not None and not self.info:
+            raise BaselineFailed(f"the {self.kind} baseline child failed: {self.error}")
+
+    def block(self, calls: int) -> list[float]:
+        """Milliseconds of `calls` timed calls (the caller holds the device and a quiet window)."""
+        from opsynth.reward import quiet
+
+        self.wait_ready()
+        with quiet.running(self.pid):
+            self._orders.put({"calls": int(calls)})
+            try:
+                ms = self._replies.get(timeout=BLOCK_TIMEOUT_S)
+            except queue.Empty:
+                ms = None
+        if ms is None or len(ms) != calls:
+            raise BaselineFailed(f"the {self.kind} baseline child stopped mid-block: {self.error or 'no reply'}")
+        return ms
+
+    def close(self) -> None:
+        self._orders.put({"stop": True})
+        self._thread.join(timeout=30)
+        if not self.cfg.keep_scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def decides_as_stored(cfg, entry: dict | None) -> bool:
+    """`baselines="cached"` and an entry with every figure the rule needs: it decides as stored."""
+    return (cfg.baselines == "cached" and entry is not None and entry.get("eager_ms") is not None
+            and (entry.get("compile_ms") is not None or not cfg.compile_baseline))
+
+
+COMPILE_POOL = 4  # compiled baseline children kept alive per process: the most recently used tasks
+_pool: "OrderedDict[tuple, BaselineServer]" = OrderedDict()
+_pool_lock = threading.Lock()
+
+
+def compile_server(task_code: str, mode: str | None, ref_job: dict, cfg, device: str) -> BaselineServer:
+    """The task's compile child, kept across batches: torch.compile costs seconds to a minute per
+    task, and a task comes back in the next batch (a multi-turn episode, a benchmark, GRPO steps on
+    the same rows). Keyed by everything the child's timing depends on; the least recently used goes
+    when more than COMPILE_POOL are alive."""
+    import hashlib
+
+    key = (hashlib.sha256(task_code.encode()).hexdigest(), mode, device, cfg.resolved_device_index(),
+           cfg.resolved_cpu_threads(device), cfg.flush_l2, cfg.isolation)
+    with _pool_lock:
+        srv = _pool.get(key)
+        if srv is not None and (srv.error is None or not srv.info):
+            _pool.move_to_end(key)
+            return srv
+        srv = _pool[key] = BaselineServer("compile", task_code, ref_job, cfg, device)
+        while len(_pool) > COMPILE_POOL:
+            _, old = _pool.popitem(last=False)
+            threading.Thread(target=old.close, daemon=True).start()  # it is stopped after its block, never mid-block
+    return srv
+
+
+class TaskBaselines:
+    """One task's baselines in one batch: the cached entry, the eager child (started at once), the
+    compile child (started when a candidate first beats eager: at most one torch.compile)."""
+
+    def __init__(self, task_code: str, mode: str | None, ref_job: dict, cfg, device: str):
+        from opsynth.reward import baseline_cache
+
+        self.task_code, self.mode, self.ref_job, self.cfg, self.device = task_code, mode, ref_job, cfg, device
+        self.cached = baseline_cache.lookup(cfg, task_code, device, mode)
+        self._lock = threading.Lock()
+        self._servers: dict[str, BaselineServer] = {}
+        if not self.uses_cache():
+            self.server("eager")
+
+    def uses_cache(self) -> bool:
+        return decides_as_stored(self.cfg, self.cached)
+
+    def server(self, kind: str) -> BaselineServer:
+        """This batch's eager child; the compile child from the process's pool (`compile_server`)."""
+        with self._lock:
+            srv = self._servers.get(kind)
+            if srv is None or srv.error is not None and srv.info:  # one that died after it was ready: a new one
+                srv = compile_server(self.task_code, self.mode, self.ref_job, self.cfg, self.device) if kind == "compile" else \
+                    BaselineServer(kind, self.task_code, self.ref_job, self.cfg, self.device)
+                self._servers[kind] = srv
+            return srv
+
+    def record(self, fresh: dict[str, list[float]]) -> dict:
+        """Re-validate the cached entry against one candidate's fresh samples (`revalidate`), store
+        what changed; returns what happened to each figure."""
+        from opsynth.reward import baseline_cache
+
+        entry, status = revalidate(self.cached, fresh, self.cfg.baseline_drift, self.cfg.confidence)
+        if any(status.get(k) in ("stored", "replaced", "dropped") for k in ("eager", "compile")) and entry["eager_ms"] is not None:
+            baseline_cache.store(self.cfg, self.task_code, self.device, entry["eager_ms"], entry["compile_ms"], self.mode)
+            self.cached = {**(self.cached or {}), **entry}
+        return status
+
+    def close(self) -> None:
+        for kind, srv in list(self._servers.items()):
+            if kind != "compile":  # the pool keeps it for the task's next batch
+                srv.close()
+
+
+class Pacer:
+    """One candidate's timed section, on the parent's side: the device lock, the quiet window, the
+    baseline blocks between the candidate's blocks of rounds, and when to ask for more rounds."""
+
+    def __init__(self, baselines: TaskBaselines | None, cfg, device: str, lock_path: str | None, warmup: int, cap_end: int,
+                 reference: tuple[list, dict] | None = None):
+        self.baselines = baselines if baselines is not None and not baselines.uses_cache() else None
+        self.reference = reference  # (the reference's rounds: fingerprints and scale; its input keys)
+        self.cfg, self.device, self.lock_path = cfg, device, lock_path
+        self.warmup, self.cap_end = warmup, cap_end
+        self.block_calls = cfg.resolved_timing_block(device)
+        self.pid: int | None = None
+        self.samples: dict[str, list[float]] = {"eager": [], "compile": []}
+        self.since: dict[str, int] = {"eager": warmup}  # the first candidate round each baseline pairs with
+        self.active = ["eager"] if self.baselines is not None else []
+        self.pending: set[str] = set()
+        self.dirty = True  # candidate rounds ran since the last baseline blocks
+        self.next_boundary = warmup
+        self.failed: str | None = None
+        self.capped = False
+        self._lock = ExitStack()
+        self._window = ExitStack()
+        self._state = threading.Lock()
+        self.locked = False
+        self.closed = False
+
+    # -- the child's requests ------------------------------------------------------------------
+
+    def set_pid(self, pid: int) -> None:
+        self.pid = pid
+
+    def lock(self) -> str | None:
+        """The child's `timing_lock`: the eager child made ready first (outside the lock), then the
+        device lock, held here in the trusted parent for the whole timed section. None, or why not."""
+        with self._state:
+            if self.locked or self.closed:
+                return "the timing lock was asked for twice"
+        if self.baselines is not None:
+            try:
+                self.baselines.server("eager").wait_ready()
+            except BaselineFailed as e:
+                self.failed = str(e)
+        self._take_lock()
+        return None
+
+    def unlock(self) -> None:
+        self._window.close()
+        self._lock.close()
+        self.locked = False
+
+    def _take_lock(self) -> None:
+        """The device lock (blocking). Taken after `close` (the child was killed while this waited),
+        it is let go at once: a lock the parent forgot would stop every later timing."""
+        from opsynth.runtime.device_lock import file_lock
+
+        stack = ExitStack()
+        stack.enter_context(file_lock(self.lock_path))
+        with self._state:
+            if self.closed:
+                stack.close()
+                return
+            self._lock = stack
+            self.locked = True
+
+    # -- the rounds ----------------------------------------------------------------------------
+
+    def before_round(self, session, j: int) -> str | None:
+        """Called as round j's seed is asked for; None, or why timing cannot go on."""
+        if not self.locked:
+            return "timed rounds began before the timing lock was asked for"
+        if j == 0:
+            self._window.enter_context(_quiet_window())
+        if j < self.warmup:
+            return None
+        if j == self.next_boundary or self.pending:
+            self._baseline_blocks()
+            self.next_boundary = j + self.block_calls
+        self.dirty = True
+        return None
+
+    def after_pass(self, session) -> int:
+        """At the end of a pass of the main rounds: the trailing baseline blocks, then how many more
+        rounds to ask for (0: the decision is made or the cap reached)."""
+        from opsynth.reward.confidence import BELOW, open_thresholds, side
+
+        if self.baselines is None or self.failed:
+            return 0
+        if self.dirty:
+            self._baseline_blocks()
+        eager, comp = self.intervals(session)
+        margin = self.cfg.margin
+        if self.failed or not self.correct_so_far(session):
+            return 0  # a candidate that will be rejected gets no more rounds and no torch.compile
+        more = min(self.block_calls, self.cap_end - session.main_end)
+        if self.cfg.compile_baseline and "compile" not in self.active and side(eager, margin) == BELOW:
+            if more <= 0:
+                self.capped = True
+                return 0
+            self._start_compile(session)
+            return 0 if self.failed else more
+        if open_thresholds(eager, comp, margin, self.cfg.compile_baseline):
+            if more > 0:
+                self.next_boundary = session.main_end + more
+                return more
+            self.capped = True
+        return 0
+
+    def _baseline_blocks(self) -> None:
+        kinds = (set(self.active) if self.dirty else set()) | self.pending
+        self.pending = set()
+        self.dirty = False
+        if not kinds or self.failed:
+            return
+        from opsynth.reward import quiet
+
+        with quiet.paused(self.pid):
+            for kind in [k for k in self.active if k in kinds]:
+                srv = self.baselines.server(kind)
+                try:
+                    if not srv.warmed:
+                        srv.block(max(1, self.warmup))  # its first calls: caches, allocator, lazy init
+                        srv.warmed = True
+                    self.samples[kind].extend(srv.block(self.block_calls))
+                except BaselineFailed as e:
+                    self.failed = str(e)
+                    return
+
+    def _start_compile(self, session) -> None:
+        """The compile child joins: compiled with the device lock and the window released (other
+        timings go on), the candidate stopped meanwhile; its first block comes before the candidate's next."""
+        from opsynth.reward import quiet
+
+        srv = self.baselines.server("compile")
+        with quiet.paused(self.pid):
+            self._window.close()
+            self._lock.close()
+            self.locked = False
+            try:
+                srv.wait_ready()
+            except BaselineFailed as e:
+                self.failed = str(e)
+            finally:
+                self._take_lock()
+                self._window.enter_context(_quiet_window())
+        if self.failed:
+            return
+        self.active.append("compile")
+        self.since["compile"] = session.main_end
+        self.pending.add("compile")
+        self.next_boundary = session.main_end + self.block_calls
+
+    def correct_so_far(self, session) -> bool:
+        """Every round reported so far matches the reference's fingerprints for its inputs (the
+        full judgement, `rounds.judge_rounds`, comes after the child)."""
+        from opsynth.reward.timed_inputs import fingerprints_match
+
+        if self.reference is None:
+            return True
+        rounds, keys = self.reference
+        for j, fp in session.fps.items():
+            try:
+                if session.keys.get(j) != keys.get(j) or not fingerprints_match(fp, rounds[j]["fp"], rounds[j]["scale"])[0]:
+                    return False
+            except (TypeError, ValueError, IndexError, KeyError):
+                return False
+        return True
+
+    # -- the decision --------------------------------------------------------------------------
+
+    def candidate_samples(self, session, kind: str) -> list[float]:
+        """The candidate's timed claims that pair with a baseline: those of the main pass from the
+        round that baseline joined (the re-measure pass instead, when there was one)."""
+        rounds = session.timed(main=not session.again)
+        first = self.since.get(kind, self.warmup) if not session.again else rounds.start
+        return [session.claims[j] for j in rounds if j >= first and j in session.claims]
+
+    def intervals(self, session):
+        from opsynth.reward.confidence import ratio_interval
+
+        out = []
+        for kind in ("eager", "compile"):
+            c, b = self.candidate_samples(session, kind), self.samples[kind]
+            out.append(ratio_interval(c, b, self.cfg.confidence) if c and b else None)
+        return out
+
+    def decision(self, session) -> dict:
+        from opsynth.reward.confidence import decide
+
+        eager, comp = self.intervals(session)
+        d = decide(eager, comp, self.cfg.margin, self.cfg.compile_baseline, capped=self.capped)
+        d["timed_calls"] = {"candidate": len(list(session.timed(main=not session.again))),
+                            **{k: len(v) for k, v in self.samples.items() if v}}
+        return d
+
+    def close(self) -> None:
+        with self._state:
+            self.closed = True
+        self._window.close()
+        self._lock.close()
+        self.locked = False
+
+
+def revalidate(cached: dict | None, fresh: dict[str, list[float]], drift: float, confidence: float = 0.95) -> tuple[dict, dict]:
+    """(the entry to keep, what happened to each figure) for a cached entry and fresh samples. A
+    cached figure outside the fresh median's interval widened by `drift` either way is replaced by
+    the fresh median (and with eager replaced, a compile figure not measured now is dropped: it was
+    timed with the same bad entry); a missing one is stored; one not measured now is kept."""
+    from opsynth.reward.confidence import median_interval
+
+    entry = {k: (cached or {}).get(k) for k in ("eager_ms", "compile_ms")}
+    status: dict = {"cached": dict(entry), "drift_allowed": drift}
+    for kind in ("eager", "compile"):
+        key = f"{kind}_ms"
+        m = median_interval(fresh.get(kind) or [], confidence)
+        if m is None:
+            status[kind] = "kept" if entry[key] is not None else "not_measured"
+            continue
+        med, lo, hi = m
+        status[f"fresh_{kind}"] = {"median": round(med, 6), "lo": round(lo, 6), "hi": round(hi, 6), "n": len(fresh[kind])}
+        old = entry[key]
+        if old is None:
+            status[kind], entry[key] = "stored", med
+        elif lo / drift <= old <= hi * drift:
+            status[kind] = "agrees"
+        else:
+            status[kind], entry[key] = "replaced", med
+    if status["eager"] == "replaced" and status["compile"] == "kept":
+        status["compile"], entry["compile_ms"] = "dropped", None
+    return entry, status
+
+
+def _quiet_window():
+    from opsynth.reward import quiet
+
+    return quiet.window()
+
+
+def fresh_medians(samples: dict[str, list[float]]) -> dict[str, float | None]:
+    import statistics
+
+    return {f"{k}_ms": (float(statistics.median(v)) if v else None) for k, v in samples.items()}
+
+

@@ -1,0 +1,102 @@
+"""Quiet windows: nothing this evaluator runs shares the device with a timing.
+
+Builds (the build service's children, the shared PCH's compiler, a compile baseline's
+torch.compile) and the idle baseline children register here. While a window is open (a
+candidate's timed rounds and the baseline blocks between them, `opsynth.reward.baselines.Pacer`),
+each registered process tree is stopped (SIGSTOP: compilers, their children, OpenMP threads left
+spinning after a block) and continued when the last window closes. Stopping instead of waiting for
+builds to drain means a timing never waits for a build: a cold first evaluation times at once and
+its PCH finishes afterwards. A process registered while a window is open is stopped at once.
+
+Scope: this process's own children. Timings of other processes are kept apart by the device lock
+(`opsynth.runtime.device_lock`); builds of another evaluator on the same host are not paused.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from opsynth.runtime.supervise import continue_pids, stop_tree
+
+_lock = threading.Lock()
+_procs: dict[int, str] = {}  # pid -> what it is (for reports)
+_stopped: dict[int, list[int]] = {}  # pid -> the pids of its tree that the open window stopped
+_depth = 0  # open windows (several devices of one process may each hold one)
+
+
+def register(pid: int, what: str = "build") -> None:
+    """Pause `pid`'s tree in every window (now too, when one is open)."""
+    with _lock:
+        _procs[pid] = what
+        if _depth:
+            _stopped[pid] = stop_tree(pid)
+
+
+def unregister(pid: int) -> None:
+    with _lock:
+        _procs.pop(pid, None)
+        continue_pids(_stopped.pop(pid, []))
+
+
+def registered() -> dict[int, str]:
+    with _lock:
+        return dict(_procs)
+
+
+@contextmanager
+def tracked(what: str = "build"):
+    """An `on_start` for `run_child` that registers the child, and unregisters it on leaving."""
+    pids: list[int] = []
+
+    def on_start(pid: int) -> None:
+        pids.append(pid)
+        register(pid, what)
+
+    try:
+        yield on_start
+    finally:
+        for p in pids:
+            unregister(p)
+
+
+@contextmanager
+def window():
+    """Every registered process tree stopped for the duration (windows nest)."""
+    global _depth
+    with _lock:
+        _depth += 1
+        if _depth == 1:
+            for pid in _procs:
+                _stopped[pid] = stop_tree(pid)
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                for pid in list(_stopped):
+                    continue_pids(_stopped.pop(pid))
+
+
+@contextmanager
+def running(pid: int):
+    """Inside a window, let one registered tree run (a baseline child timing its block)."""
+    with _lock:
+        continue_pids(_stopped.pop(pid, []))
+    try:
+        yield
+    finally:
+        with _lock:
+            if _depth and pid in _procs:
+                _stopped[pid] = stop_tree(pid)
+
+
+@contextmanager
+def paused(pid: int | None):
+    """One process tree (a candidate waiting for its next round) stopped for the duration."""
+    pids = stop_tree(pid) if pid else []
+    try:
+        yield
+    finally:
+        continue_pids(pids)
