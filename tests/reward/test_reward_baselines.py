@@ -169,6 +169,47 @@ def test_rounds_outside_the_timing_lock_are_refused(tmp_path):
     assert not s.handle({"kind": "timing_done"})["ok"] and "let go" in s.error
 
 
+# ---- the baseline child's call (in this process: no child) --------------------------------------
+
+
+def _baseline_job(tmp_path: Path, task: str) -> dict:
+    from opsynth.render.task_file import task_kind
+
+    (tmp_path / "task.py").write_text(task)
+    kind = task_kind(task)
+    return {"task_path": str(tmp_path / "task.py"), "device": "cpu", "init_seed": 7, "trial_seeds": [11, 12],
+            "task_mode": "eval", "task_kind": {"dtype": kind.dtype, "task_pass": kind.task_pass}}
+
+
+def test_a_backward_tasks_baseline_times_forward_and_gradients(tmp_path):
+    """The baseline child times the call the task's kind defines (`task_call`, as the reference and
+    the candidate): for a backward task the forward and its gradients, on arguments that carry the
+    grad_output after the inputs. Control: the same Model as a forward task times the forward alone."""
+    import torch
+
+    from opsynth.reward import baseline_runner
+
+    task = (CANDS / "kinds" / "scale_relu_backward.py").read_text()
+    model, call, step, buffers, stacked = baseline_runner._model_and_inputs(_baseline_job(tmp_path, task))
+    assert len(buffers) == 2 and len(stacked) == 2  # x, then the grad_output of the one output
+    with torch.no_grad():  # as the child times it: the step turns gradients on itself
+        out = call(*buffers)
+    x, g = buffers
+    w = model.weight.detach()
+    mask = (x * w > 0).to(x.dtype)
+    assert len(out) == 3  # the output, x's gradient, the weight's gradient
+    torch.testing.assert_close(out[0], torch.relu(x * w))
+    torch.testing.assert_close(out[1], g * mask * w)
+    torch.testing.assert_close(out[2], (g * mask * x).sum(0))
+    assert not isinstance(baseline_runner._compiled(model, step), torch.nn.Module)  # compiled Model inside the step
+
+    forward = task.replace('task_pass = "backward"\n', "")
+    model, call, step, buffers, _ = baseline_runner._model_and_inputs(_baseline_job(tmp_path, forward))
+    assert call is model and len(buffers) == 1
+    with torch.no_grad():
+        assert isinstance(call(*buffers), torch.Tensor)
+
+
 # ---- end to end -----------------------------------------------------------------------------------
 
 
