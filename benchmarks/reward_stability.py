@@ -14,6 +14,12 @@ What it should show (issue 28): the two clear candidates (0.85 and 1.2) get the 
 out of 5; the one at eager (1.0) says so in its interval (across 1.0: `side_vs_1` unclear). The
 rule's threshold is 0.95 x eager: `--targets 0.85,0.95,1.2` puts one candidate on it instead.
 
+Two diagnostics for where a flip comes from (seen on the H200: the same candidate 0.92 then 1.06 x
+eager, intervals apart): `--serial` evaluates the candidates of a batch one after another (nothing
+else of this evaluator on the device meanwhile), so a spread that stays is between processes, not
+from neighbours; `--aa` adds a candidate that makes eager's own three passes through memory (true ratio about 1.0), whose
+ratios across batches are the decision's whole noise.
+
 The JSON is written after the calibration and after every batch (`complete: false` until the end);
 with `--deadline-s` no batch starts past that many seconds, so a cut-off run still leaves its rows.
 
@@ -83,6 +89,25 @@ __global__ void k(const float* __restrict__ x, float* __restrict__ y, long n, fl
         y[i] = v > 0.f ? v : 0.f;
     }
 }
+__global__ void mul(const float* __restrict__ x, float* __restrict__ y, long n, float s) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * s;
+}
+__global__ void add(const float* __restrict__ x, float* __restrict__ y, long n, float b) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] + b;
+}
+__global__ void relu(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+// eager's three passes (x * s, + b, relu), each through memory: the A/A candidate
+void launch3(const float* x, float* t1, float* t2, float* y, long n, float s, float b) {
+    long blocks = (n + 255) / 256;
+    mul<<<blocks, 256>>>(x, t1, n, s);
+    add<<<blocks, 256>>>(t1, t2, n, b);
+    relu<<<blocks, 256>>>(t2, y, n);
+}
 void launch(const float* x, float* y, long n, float s, float b, float one, float zero, int reps) {
     long blocks = (n + 255) / 256;
     if (blocks > 65535L * 8) blocks = 65535L * 8;
@@ -93,6 +118,13 @@ void launch(const float* x, float* y, long n, float s, float b, float one, float
 _CPP = r"""
 #include <torch/extension.h>
 void launch(const float* x, float* y, long n, float s, float b, float one, float zero, int reps);
+void launch3(const float* x, float* t1, float* t2, float* y, long n, float s, float b);
+torch::Tensor run3(torch::Tensor x, double s, double b) {
+    auto xc = x.contiguous();
+    auto t1 = torch::empty_like(xc), t2 = torch::empty_like(xc), y = torch::empty_like(xc);
+    launch3(xc.data_ptr<float>(), t1.data_ptr<float>(), t2.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), (float)s, (float)b);
+    return y;
+}
 torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, double reps) {
     auto xc = x.contiguous();
     auto y = torch::empty_like(xc);
@@ -101,7 +133,7 @@ torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, 
 }
 """
 
-ext = load_inline(name="stability_relu_affine", cpp_sources=_CPP, cuda_sources=_CU, functions=["run"],
+ext = load_inline(name="stability_relu_affine", cpp_sources=_CPP, cuda_sources=_CU, functions=["run", "run3"],
                   extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], no_implicit_headers=True)
 '''
 
@@ -133,9 +165,22 @@ torch::Tensor run(torch::Tensor x, double s, double b, double one, double zero, 
     }
     return y;
 }
+// eager's three passes (x * s, + b, relu), each through memory: the A/A candidate
+torch::Tensor run3(torch::Tensor x, double s, double b) {
+    auto xc = x.contiguous();
+    auto t1 = torch::empty_like(xc), t2 = torch::empty_like(xc), y = torch::empty_like(xc);
+    const float* p = xc.data_ptr<float>();
+    float *a = t1.data_ptr<float>(), *c = t2.data_ptr<float>(), *q = y.data_ptr<float>();
+    const long n = xc.numel();
+    const float fs = (float)s, fb = (float)b;
+    for (long i = 0; i < n; ++i) a[i] = p[i] * fs;
+    for (long i = 0; i < n; ++i) c[i] = a[i] + fb;
+    for (long i = 0; i < n; ++i) q[i] = c[i] > 0.f ? c[i] : 0.f;
+    return y;
+}
 """
 
-ext = load_inline(name="stability_relu_affine_cpu", cpp_sources=_CPP, functions=["run"], extra_cflags=["-O3"])
+ext = load_inline(name="stability_relu_affine_cpu", cpp_sources=_CPP, functions=["run", "run3"], extra_cflags=["-O3"])
 '''
 
 MODEL_NEW = '''
@@ -210,6 +255,10 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="start no batch after this many seconds (the JSON keeps what ran)")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temp dir")
     ap.add_argument("--isolation", default="auto")
+    ap.add_argument("--serial", action="store_true", help="evaluate a batch's candidates one at a time (no neighbours on the device)")
+    ap.add_argument("--aa", action="store_true", help="add the task's own Model as a candidate (true ratio 1.0: the A/A test)")
+    ap.add_argument("--skip-calibration", default=None,
+                    help="target:fmas,... to use instead of calibrating (e.g. from an earlier run's chosen_fmas)")
     args = ap.parse_args()
 
     import torch
@@ -245,7 +294,43 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=2))
 
-    # 1. Calibration: one batch over the ladder (the first build happens here).
+    def batch(pairs):
+        return [evaluate_many([p], cfg)[0] for p in pairs] if args.serial else evaluate_many(pairs, cfg)
+
+    out["serial"] = args.serial
+    if args.skip_calibration:
+        chosen = {float(k): float(v) for k, v in (kv.split(":") for kv in args.skip_calibration.split(",") if kv)}
+        targets = sorted(chosen)
+        out["targets"], out["chosen_fmas"] = targets, {str(k): v for k, v in chosen.items()}
+        print("  calibration skipped: " + ", ".join(f"{t}: {r} FMAs" for t, r in chosen.items()), flush=True)
+    else:
+        chosen = calibrate(args, device, task, ladder, targets, cfg, out, save)
+    labels = [str(t) for t in targets] + (["aa"] if args.aa else [])
+    sources = [candidate(device, chosen[t]) for t in targets] + ([aa_candidate(device)] if args.aa else [])
+
+    # 2. The stability runs: every batch evaluates each candidate once, with a fresh reference and eager child.
+    runs = {k: [] for k in labels}
+    out["runs"] = runs
+    for k in range(repeats):
+        if time.perf_counter() - t_all > args.deadline_s:
+            out["cut_off"] = f"deadline of {args.deadline_s:.0f} s reached before batch {k + 1}"
+            print(f"[stop] {out['cut_off']}", flush=True)
+            break
+        t0 = time.perf_counter()
+        res = batch([(task, src) for src in sources])
+        for t, r in zip(labels, res):
+            runs[t].append(_row(r))
+        print(f"[batch {k + 1}/{repeats} {time.perf_counter() - t0:.0f} s] "
+              + "  ".join(f"{t}: {r.reward} ({(r.details.get('decision') or {}).get('eager', {}).get('ratio')})" for t, r in zip(labels, res)),
+              flush=True)
+        save()
+
+    # 3. The table.
+    table(labels, runs, out, save, args)
+
+
+def calibrate(args, device, task, ladder, targets, cfg, out, save) -> dict:
+    """One batch over the ladder (the first build happens here); the FMA count for each target."""
     t0 = time.perf_counter()
     cal = evaluate_many([(task, candidate(device, r)) for r in ladder], cfg)
     bad = [(r, x.reason, x.log[-1500:]) for r, x in zip(ladder, cal) if x.reason != "ok"]
@@ -266,29 +351,38 @@ def main() -> None:
         print(f"  target {tgt}: {reps:.3f} FMAs {note}".rstrip(), flush=True)
     out["chosen_fmas"] = {str(k): v for k, v in chosen.items()}
     save()
+    return chosen
 
-    # 2. The stability runs: every batch evaluates each candidate once, with a fresh reference and eager child.
-    runs = {str(t): [] for t in targets}
-    out["runs"] = runs
-    for k in range(repeats):
-        if time.perf_counter() - t_all > args.deadline_s:
-            out["cut_off"] = f"deadline of {args.deadline_s:.0f} s reached before batch {k + 1}"
-            print(f"[stop] {out['cut_off']}", flush=True)
-            break
-        t0 = time.perf_counter()
-        res = evaluate_many([(task, candidate(device, chosen[t])) for t in targets], cfg)
-        for t, r in zip(targets, res):
-            runs[str(t)].append(_row(r))
-        print(f"[batch {k + 1}/{repeats} {time.perf_counter() - t0:.0f} s] "
-              + "  ".join(f"{t}: {r.reward} ({(r.details.get('decision') or {}).get('eager', {}).get('ratio')})" for t, r in zip(targets, res)),
-              flush=True)
-        save()
 
-    # 3. The table.
+AA_MODEL_NEW = '''
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale, shift):
+        super().__init__()
+        self.scale = float(scale)
+        self.shift = float(shift)
+
+    def forward(self, x):
+        return ext.run3(x, self.scale, self.shift)
+'''
+
+
+def aa_candidate(device: str) -> str:
+    """Eager's own three passes in the candidate's extension: its true ratio to eager is about 1.0."""
+    return (CUDA_CANDIDATE if device == "cuda" else CPU_CANDIDATE) + AA_MODEL_NEW
+
+
+def _rel_sd(xs) -> float | None:
+    xs = [x for x in xs if x]
+    return round(statistics.stdev(xs) / statistics.mean(xs), 4) if len(xs) > 1 else None
+
+
+def table(labels, runs, out, save, args) -> None:
     print(f"\n{'target':>7} {'run':>4} {'reward':>6} {'ratio':>7} {'interval':>17} {'calls':>5} {'vs 0.95':>8} {'vs 1.0':>7} baseline")
     summary = {}
-    for t in targets:
-        rows = runs[str(t)]
+    for t in labels:
+        rows = runs[t]
         for i, r in enumerate(rows):
             iv = f"[{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else "-"
             ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
@@ -296,10 +390,13 @@ def main() -> None:
                   f"{str(r['side_vs_1']):>7} {r['baseline']}")
         rewards = [r["reward"] for r in rows]
         ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-        summary[str(t)] = {
+        summary[t] = {
             "rewards": rewards,
             "same_reward": f"{max(rewards.count(v) for v in set(rewards))}/{len(rewards)}" if rewards else "0/0",
             "median_ratio": round(statistics.median(ratios), 4) if ratios else None,
+            # across evaluations, relative: the noise one evaluation's interval should cover
+            "ratio_rel_sd": round(statistics.stdev(ratios) / statistics.mean(ratios), 4) if len(ratios) > 1 else None,
+            "eager_ms_rel_sd": _rel_sd([r["eager_ms"] for r in rows]),
             "unclear_vs_rule": sum(r["side"] == "unclear" for r in rows),
             "unclear_vs_eager": sum(r["side_vs_1"] == "unclear" for r in rows),
             "capped": sum(bool(r["capped"]) for r in rows),
@@ -310,7 +407,7 @@ def main() -> None:
     save()
     print()
     for t, s in summary.items():
-        print(f"target {t}: median ratio {s['median_ratio']}, rewards {s['rewards']} (same {s['same_reward']}), "
+        print(f"target {t}: median ratio {s['median_ratio']} (rel. sd {s['ratio_rel_sd']}; eager's {s['eager_ms_rel_sd']}), rewards {s['rewards']} (same {s['same_reward']}), "
               f"interval across 0.95 in {s['unclear_vs_rule']}, across 1.0 in {s['unclear_vs_eager']}, "
               f"capped {s['capped']}, baselines replaced {s['baselines_replaced']}")
     print(f"total {out['seconds']} s; JSON: {args.out}")
