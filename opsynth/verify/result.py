@@ -39,6 +39,9 @@ REASONS: dict[str, str] = {
     "too_slow": "eager median above the acceptance window (max_ms less the edge margin), or even "
                 "batch_size 1 is predicted above the target window",
     "size_error": "the cost model cannot replay the operators at the smallest batch_size",
+    "predicted_oom": "the memory a verifier request is predicted to hold (times verify.mem_safety) is above what one "
+                     "request may use on the device (verify.task_mem_budget_mb), at every batch_size that reaches the "
+                     "runtime target: rejected by sizing, before any device work",
     "compile_error": "torch.compile (or running the compiled model) raised",
     "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
     "worker_error": "the verifier itself failed (a bug, not the task's fault)",
