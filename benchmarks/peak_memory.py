@@ -6,7 +6,8 @@ the outputs the checks keep, the clones, the timed runs: what a memory limit mee
     python benchmarks/peak_memory.py --n 24                     # CPU, 1 worker, no compile check
     python benchmarks/peak_memory.py --device cuda --n 200      # the GPU (sizes at scale 1)
 
-The ratio request peak / predicted is what `verify.mem_safety` must cover for sizing's admission
+`predicted_request_mb` (`GraphCost.request_bytes`: the request's holdings, predicted) is what sizing
+admits against; the ratio request peak / predicted request is what `verify.mem_safety` must cover for sizing's admission
 (`opsynth.verify.sizing`) to keep candidates that would run out of memory away from the device.
 Prints a table and writes JSON (--out).
 """
@@ -60,7 +61,8 @@ def measure(n: int, device: str, seed: int = 0, target_ms: float | None = None, 
             res = f.result()
             hist = (res.evidence or {}).get("history") or [{}]
             rows.append({"seed": s, "ops": g.ops(), "task_pass": g.task_pass, "batch": ch.batch,
-                         "predicted_peak_mb": round(ch.predicted_peak_mb, 3), "reason": res.reason,
+                         "predicted_peak_mb": round(ch.predicted_peak_mb, 3),
+                         "predicted_request_mb": round(ch.predicted_request_mb, 3), "reason": res.reason,
                          "forward_peak_mb": res.peak_mem_mb, "request_peak_mb": hist[-1].get("request_peak_mem_mb")})
     return {"device": device, "n": len(rows), "wall_s": round(time.time() - t0, 1), "rows": rows,
             "summary": summarize(rows)}
@@ -70,11 +72,11 @@ def summarize(rows: list[dict], floor_mb: float = 8.0) -> dict:
     """Ratios measured / predicted over the rows whose prediction is above ``floor_mb`` (below it
     the process's own allocations, malloc's arenas and page rounding decide the measurement)."""
     out: dict = {"floor_mb": floor_mb}
-    for key in ("forward_peak_mb", "request_peak_mb"):
-        r = sorted(x[key] / x["predicted_peak_mb"] for x in rows
-                   if x.get(key) and x["predicted_peak_mb"] >= floor_mb)
+    for key, model in (("forward_peak_mb", "predicted_peak_mb"), ("request_peak_mb", "predicted_peak_mb"),
+                       ("request_peak_mb", "predicted_request_mb")):
+        r = sorted(x[key] / x[model] for x in rows if x.get(key) and x["predicted_peak_mb"] >= floor_mb)
         if r:
-            out[key.replace("_mb", "_over_predicted")] = {
+            out[f"{key[:-3]}_over_{model[:-3]}"] = {
                 "n": len(r), "min": round(r[0], 3), "median": round(statistics.median(r), 3),
                 "p90": round(r[min(len(r) - 1, int(0.9 * len(r)))], 3), "max": round(r[-1], 3)}
     return out
@@ -90,10 +92,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/peak_memory_cpu.json"))
     a = ap.parse_args(argv)
     d = measure(a.n, a.device, a.seed, a.target_ms, a.workers)
-    print(f"{'seed':>12} {'pass':>8} {'batch':>7} {'predicted':>10} {'forward':>9} {'request':>9}  ops")
+    print(f"{'seed':>12} {'pass':>8} {'batch':>7} {'pred peak':>10} {'pred req':>9} {'forward':>9} {'request':>9}  ops"
+          "  (MB; measured: first forward, whole eager request)")
     for r in d["rows"]:
         f = lambda v: f"{v:9.1f}" if isinstance(v, (int, float)) else f"{'-':>9}"  # noqa: E731
         print(f"{r['seed']:>12} {r['task_pass']:>8} {r['batch']:>7} {r['predicted_peak_mb']:>10.1f} "
+              f"{r['predicted_request_mb']:>9.1f} "
               f"{f(r['forward_peak_mb'])} {f(r['request_peak_mb'])}  {','.join(r['ops'])} {r['reason']}")
     print(json.dumps(d["summary"]))
     Path(a.out).write_text(json.dumps(d, indent=1) + "\n")

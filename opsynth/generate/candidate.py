@@ -94,6 +94,7 @@ class Candidate:
             rec["predicted_ms"] = self.size.predicted_ms
         if self.verified is not None:
             rec["gpu_sections"], rec["gpu"] = self.verified.gpu_sections, self.gpu
+            rec["device_sections"] = self.verified.device_sections
         if self.accepted:
             rec["calib_steps"] = self.verified.calib_steps
         return rec

@@ -48,7 +48,7 @@ from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
 from .config import VerifyConfig
 from .result import ACCEPTED, VerifyResult
-from .stages import gpu_sections, stage_seconds
+from .stages import device_sections, gpu_sections, stage_seconds
 
 _TAIL_BYTES = 16 * 1024
 
@@ -466,6 +466,7 @@ class WorkerPool:
         return VerifyResult(accepted=reason == ACCEPTED, reason=reason, source=source, device=self.device_name,
                             torch_version=self.torch_version, elapsed_s=elapsed,
                             stage_s=stage_seconds(replies or [], elapsed), gpu_sections=gpu_sections(replies or []),
+                            device_sections=device_sections(replies or []),
                             **kw)
 
     def _verify_task(self, index: int, source: str) -> VerifyResult:
