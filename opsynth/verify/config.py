@@ -78,7 +78,7 @@ class VerifyConfig:
     # on CPU the address-space growth a worker may have, `cpu_mem_limit_gb`. mem_safety 0: off.
     # Sizes depend on the budget: for the same rows on machines of different memory, set it.
     task_mem_budget_mb: float = 0.0
-    mem_safety: float = 2.0
+    mem_safety: float = 2.5  # opsynth.verify.sizing says what it was measured to cover
 
     # torch.compile settings; "inductor" is what the dataset promises, "aot_eager" or "eager" are
     # much faster to compile and useful in tests.

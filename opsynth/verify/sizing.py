@@ -46,9 +46,12 @@ from .config import VerifyConfig
 # Predicted peak memory may use this share of the memory cap: the estimate (inputs, weights and the
 # largest kernel's operands) leaves out temporaries that the eager checks also keep alive.
 MEM_SHARE = 0.5
-# `mem_safety`'s default, 2.0, covers what the request model misses: on the CPU (19 sampled graphs,
-# benchmarks/results/peak_memory_cpu.json) the measured request peak was 0.79x to 1.6x
-# `request_bytes` (median 1.1), against 1.4x to 4.8x the first-forward `peak_bytes`.
+# `mem_safety`'s default, 2.5, covers what the request model misses: on the CPU (29 sampled graphs,
+# benchmarks/results/peak_memory_cpu.json) the measured request peak was 0.79x to 2.53x
+# `request_bytes` (median 1.16, 90th percentile 1.93; the highest are operators that eager runs
+# as several kernels with temporaries alive together: LocalResponseNorm, lp_pool, softmax), against
+# 1.39x to 6.0x the first-forward `peak_bytes` (median 3.0). Not yet measured on a GPU:
+# `benchmarks/peak_memory.py --device cuda` does it.
 # BatchNorm in training mode (the task's default) needs two rows; the sampler's floor is 2 as well.
 MIN_BATCH = 2
 MAX_BATCH = 1 << 24

@@ -120,8 +120,8 @@ def test_no_verifier_work_on_a_candidate_that_cannot_fit(catalog):
 @pytest.mark.slow
 def test_the_request_model_against_measured_peaks_on_cpu(catalog):
     """A loose bound on sampled graphs: the measured high-water mark of the whole eager request is
-    within [0.5, mem_safety] x the predicted request (the benchmark's 19 graphs: 0.79 to 1.6),
-    where the first-forward `peak_bytes` alone misses by up to 4.8x."""
+    within [0.5, mem_safety] x the predicted request (the benchmark's 29 graphs: 0.79 to 2.53),
+    where the first-forward `peak_bytes` alone misses by up to 6x."""
     cfg = VerifyConfig(device="cpu", n_workers=1, check_compile=False, preload_compiler=False,
                        cpu_target_median_ms=20.0, cpu_target_p90_ms=40.0, repeats=2, warmup=0, min_repeats=1)
     from opsynth.generate.config import candidate_seed
