@@ -309,7 +309,7 @@ def floors(d: dict) -> dict:
     n_dev = d.get("devices") or 1
     busy = d.get("device_busy_sustained") or {}
     stages = {k: {"s_per_accepted": round(v / acc, 4),
-                  "device_busy_share": busy.get(DEVICE_STAGES[k]) if k in DEVICE_STAGES else None}
+                  "device_busy_share": busy.get(DEVICE_STAGES[k]) if k in DEVICE_STAGES and v > 0 else None}
               for k, v in ss.items()}
     timing = ss.get("timing", 0.0) / acc / n_dev
     checks = (ss.get("eager_checks", 0.0) + ss.get("calibration", 0.0)) / acc / n_dev
