@@ -19,7 +19,15 @@ them). It reports:
   utilisation ("a kernel ran in the last sample period") is reported next to it when pynvml is there;
 - CPU utilisation (psutil, whole machine, sampled every 0.5 s);
 - seconds per stage summed over candidates (sampling, KernelBench check, eager checks,
-  calibration, compile, timing, lock wait, writing, ...) and per accepted task.
+  calibration, compile, timing, lock wait, writing, ...) and per accepted task;
+- start-up (process start to the first result back) apart from the sustained window after it, with
+  accepted/min over the sustained window;
+- the floors table: per stage, seconds per accepted row and, for the stages that run on the device
+  (checks, compile, timing), its busy share over the sustained window (the union of that kind's
+  sections, per device; on CPU the verifier workers' share); then the physical minimum: the device
+  seconds per accepted row the timed runs need (they hold the device alone: a hard floor) and the
+  checks and timing together need (each run alone), the accepted/min each floor allows, and how far
+  the sustained wall seconds per accepted row are above them.
 
 The baseline verifies one candidate at a time, each in a fresh `python -m opsynth.verify` process
 (torch import, CUDA start, compile from the shared inductor cache), over the same sampler and
@@ -151,7 +159,7 @@ def window_child(spec: dict) -> int:
     seconds = spec.get("seconds")
     stop = threading.Event()
     lock = threading.Lock()
-    recs = {"n": 0, "verified": 0, "first_t": None, "sections": {}, "reasons": {}}
+    recs = {"n": 0, "verified": 0, "first_t": None, "sections": {}, "kinds": {}, "reasons": {}}
     machine = MachineSampler(spec["device"]).start()
     t0 = PROCESS_T0
     t_stop = [None]
@@ -165,6 +173,18 @@ def window_child(spec: dict) -> int:
                  "verifier_accepted": recs["verified"], "reasons_seen": dict(recs["reasons"]),
                  "first_result_s": round(recs["first_t"] - t0, 2) if recs["first_t"] else None}
             busy = {str(g): union_seconds(iv, t0, now) / wall for g, iv in recs["sections"].items()} if wall > 0 else {}
+            first = recs["first_t"]
+            sustained = now - first if first else 0.0
+            if sustained > 0:  # each kind's busy share after start-up, averaged over the devices
+                by_kind: dict[str, list[float]] = {}
+                for g, kinds in recs["kinds"].items():
+                    for kind, iv in kinds.items():
+                        by_kind.setdefault(kind, []).append(union_seconds(iv, first, now) / sustained)
+                every = [union_seconds(iv, first, now) / sustained for iv in recs["sections"].values()]
+                d["device_busy_sustained"] = {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())}
+                if every:
+                    d["device_busy_sustained"]["checks+timing"] = round(sum(every) / len(every), 4)
+                d["devices"] = max(1, len(recs["sections"]))
         d["gpu_busy_fraction_records"] = {k: round(v, 4) for k, v in busy.items()}
         d["gpu_busy_fraction"] = round(sum(busy.values()) / len(busy), 4) if busy else None
         if recs["first_t"] and now > recs["first_t"]:
@@ -178,6 +198,12 @@ def window_child(spec: dict) -> int:
             ss = summary.get("stage_seconds") or {}
             d["stage_seconds"] = {k: round(v, 2) for k, v in sorted(ss.items(), key=lambda kv: -kv[1])}
             d["stage_seconds_per_accepted"] = {k: round(v / acc, 4) for k, v in d["stage_seconds"].items()} if acc else {}
+            if recs["first_t"]:
+                d["startup_s"] = round(recs["first_t"] - t0, 2)
+                d["sustained_s"] = round(now - recs["first_t"], 2)
+                if d["sustained_s"] > 0:
+                    d["accepted_per_min_sustained"] = round(60 * acc / d["sustained_s"], 2)
+            d["floors"] = floors(d)
         return d
 
     write_lock = threading.Lock()
@@ -206,8 +232,10 @@ def window_child(spec: dict) -> int:
             recs["verified"] += bool(rec.get("accepted"))
             r = rec.get("reason") or "accepted"
             recs["reasons"][r] = recs["reasons"].get(r, 0) + 1
-            recs["sections"].setdefault(rec.get("gpu") if rec.get("gpu") is not None else 0, []).extend(
-                rec.get("gpu_sections") or [])
+            gpu = rec.get("gpu") if rec.get("gpu") is not None else 0
+            recs["sections"].setdefault(gpu, []).extend(rec.get("gpu_sections") or [])
+            for kind, iv in (rec.get("device_sections") or {}).items():
+                recs["kinds"].setdefault(gpu, {}).setdefault(kind, []).extend(iv)
         if now - last_save[0] > 10:
             last_save[0] = now
             save(False)
@@ -264,6 +292,54 @@ def window_child(spec: dict) -> int:
     save(True, summary, {**ms, "teardown_s": round(done_t - t_stop[0], 2), "final_from": "run summary"},
          from_run=True)
     return 0
+
+
+# ---- floors: how far the sustained rate is from what the device work needs ---------------------------
+
+DEVICE_STAGES = {"eager_checks": "checks", "calibration": "checks", "compile": "compile", "timing": "timing"}
+
+
+def floors(d: dict) -> dict:
+    """The physical minimum per accepted row next to what the window took (see the module docstring).
+    Stage seconds are summed over candidates (rejected ones too: their device work is part of each
+    accepted row's cost); device seconds are per device, so the floors divide by the device count."""
+    acc, ss = d.get("accepted") or 0, d.get("stage_seconds") or {}
+    if not acc:
+        return {}
+    n_dev = d.get("devices") or 1
+    busy = d.get("device_busy_sustained") or {}
+    stages = {k: {"s_per_accepted": round(v / acc, 4),
+                  "device_busy_share": busy.get(DEVICE_STAGES[k]) if k in DEVICE_STAGES and v > 0 else None}
+              for k, v in ss.items()}
+    timing = ss.get("timing", 0.0) / acc / n_dev
+    checks = (ss.get("eager_checks", 0.0) + ss.get("calibration", 0.0)) / acc / n_dev
+    wall = (d.get("sustained_s") or d.get("wall_s") or 0.0) / acc
+    out = {"stages": stages, "devices": n_dev,
+           "wall_s_per_accepted_sustained": round(wall, 4),
+           "timing_floor_s_per_accepted": round(timing, 4),
+           "device_floor_s_per_accepted": round(timing + checks, 4),
+           "accepted_per_min_at_timing_floor": round(60 / timing, 1) if timing else None,
+           "accepted_per_min_at_device_floor": round(60 / (timing + checks), 1) if timing + checks else None,
+           "gap_to_timing_floor": round(wall / timing, 2) if timing else None,
+           "gap_to_device_floor": round(wall / (timing + checks), 2) if timing + checks else None,
+           "note": "timing floor: the timed runs, which hold the device alone (a hard minimum); device floor: "
+                   "the checks and timing sections each run alone (checks may share the device, so the true "
+                   "minimum lies between the two); sections include their Python overhead (upper bounds on "
+                   "kernel time); per device"}
+    return out
+
+
+def print_floors(f: dict) -> None:
+    if not f:
+        return
+    print(f"   {'floors':<14} {'s/accepted':>11} {'device busy':>12}   (busy: share of the sustained window, per device)")
+    for k, v in sorted(f["stages"].items(), key=lambda kv: -kv[1]["s_per_accepted"]):
+        share = v["device_busy_share"]
+        print(f"   {k:<14} {v['s_per_accepted']:>11.3f} {'' if share is None else f'{share:.3f}':>12}")
+    print(f"   sustained wall s per accepted row {f['wall_s_per_accepted_sustained']:.3f} on {f['devices']} device(s); "
+          f"timing floor {f['timing_floor_s_per_accepted']:.3f} ({f['accepted_per_min_at_timing_floor']}/min, "
+          f"gap {f['gap_to_timing_floor']}x); checks + timing floor {f['device_floor_s_per_accepted']:.3f} "
+          f"({f['accepted_per_min_at_device_floor']}/min, gap {f['gap_to_device_floor']}x)")
 
 
 # ---- the fresh-process baseline --------------------------------------------------------------------
@@ -421,6 +497,9 @@ def _print_window(label: str, w: dict) -> None:
         print(f"   {'stage':<14} {'seconds':>9} {'share':>7} {'s/accepted':>11}")
         for k, v in ss.items():
             print(f"   {k:<14} {v:>9.1f} {100 * v / total:>6.1f}% {w['stage_seconds_per_accepted'].get(k, 0):>11.3f}")
+    print(f"   start-up {w.get('startup_s')} s, then {w.get('sustained_s')} s sustained: "
+          f"{w.get('accepted_per_min_sustained')} accepted/min   device busy by kind {w.get('device_busy_sustained')}")
+    print_floors(w.get("floors") or {})
     if w.get("rejected"):
         print(f"   rejected: {w['rejected']}")
 
@@ -482,7 +561,8 @@ def main(argv=None) -> int:
         if first:
             for k in ("accepted_per_min", "candidates_per_min", "acceptance_rate", "gpu_busy_fraction",
                       "gpu_util_sampled_mean", "cpu_utilisation", "stage_seconds", "stage_seconds_per_accepted",
-                      "verified_per_min_steady", "calib_steps_mean"):
+                      "verified_per_min_steady", "calib_steps_mean", "startup_s", "sustained_s",
+                      "accepted_per_min_sustained", "device_busy_sustained", "floors"):
                 result[k] = first.get(k)
         if a.device == "cuda":
             for g in gpus:
@@ -534,7 +614,8 @@ def main(argv=None) -> int:
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     keys = ("device", "accepted_per_min", "candidates_per_min", "acceptance_rate", "baseline_accepted_per_min",
-            "gpu_busy_fraction", "gpu_util_sampled_mean", "cpu_utilisation", "scaling", "linear_time_ratio")
+            "gpu_busy_fraction", "gpu_util_sampled_mean", "cpu_utilisation", "scaling", "linear_time_ratio",
+            "startup_s", "accepted_per_min_sustained")
     print("\n" + json.dumps({k: result.get(k) for k in keys if k in result}, default=str))
     print(f"wrote {out}")
     return 0

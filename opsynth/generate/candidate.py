@@ -94,6 +94,7 @@ class Candidate:
             rec["predicted_ms"] = self.size.predicted_ms
         if self.verified is not None:
             rec["gpu_sections"], rec["gpu"] = self.verified.gpu_sections, self.gpu
+            rec["device_sections"] = self.verified.device_sections
         if self.accepted:
             rec["calib_steps"] = self.verified.calib_steps
         return rec
@@ -122,12 +123,16 @@ def sample(ctx: dict, cand: Candidate) -> bool:
 
 
 def size(ctx: dict, cand: Candidate) -> bool:
-    """Its batch size from the seed and the cost model (`too_fast`, `too_slow`, `mem_cap`, ...)."""
+    """Its batch size from the seed and the cost model (`too_fast`, `too_slow`, `mem_cap`, ...),
+    within the memory one verifier request may use on this worker's pool (`predicted_oom` when
+    no batch size that reaches the target fits: the candidate never reaches the verifier)."""
     from opsynth.graph.cost import with_batch
     from opsynth.verify.sizing import choose_batch
 
     with _timed(cand, "sizing"):
-        cand.size = choose_batch(cand.sampled.graph, ctx["catalog"], cand.seed, ctx["verify_cfg"], ctx["pool"].device)
+        pool = ctx["pool"]
+        cand.size = choose_batch(cand.sampled.graph, ctx["catalog"], cand.seed, ctx["verify_cfg"], pool.device,
+                                 budget_mb=pool.task_mem_budget_mb)
         if cand.size.reason:
             return cand.reject(cand.size.reason, cand.size.evidence())
         cand.graph = with_batch(cand.sampled.graph, cand.size.batch)
@@ -215,11 +220,13 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
 
 def measure_peaks(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool = True) -> dict:
     """The verifying device's peak rates, measured by one of this worker's verify sandboxes (once
-    per run; recorded, never used for sizes), with the cost model's reference rates for it."""
+    per run; recorded, never used for sizes), with the cost model's reference rates for it and the
+    memory budget per verifier request that sizing admitted candidates against."""
     ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
     pool = ctx["pool"]
     return {"kind": pool.device, "measured": pool.measure_peaks(),
-            "reference": ctx["verify_cfg"].rates(pool.device).to_dict()}
+            "reference": ctx["verify_cfg"].rates(pool.device).to_dict(),
+            "task_mem_budget_mb": round(pool.task_mem_budget_mb, 1)}
 
 
 def _short(evidence) -> Any:

@@ -195,6 +195,8 @@ def _record_peaks(future, stats) -> None:
         return
     stats.measured_peaks = got["measured"]
     stats.reference_rates = {"device_kind": got["kind"], **got["reference"]}
+    if got.get("task_mem_budget_mb") is not None:  # what sizing admitted candidates against (the card says it)
+        stats.thresholds = {**stats.thresholds, "task_mem_budget_mb": got["task_mem_budget_mb"]}
     m, r = got["measured"], got["reference"]
     far = {k: m[k] / r[k] for k in ("tflops", "gbps") if r.get(k) and m.get(k) and not 1 / 3 <= m[k] / r[k] <= 3}
     if far:

@@ -48,6 +48,19 @@ class GraphCost:
     kernels: tuple[Kernel, ...]
     persistent_bytes: float  # inputs and parameters, alive for the whole forward
     peak_bytes: float  # persistent + the largest (inputs + outputs) of any one kernel
+    input_bytes: float = 0.0  # the forward's inputs (part of persistent_bytes)
+    output_bytes: float = 0.0  # what the forward returns
+
+    @property
+    def request_bytes(self) -> float:
+        """What one verifier request holds at its worst, by what its eager checks keep alive
+        (opsynth.verify.worker.Worker.eager): weights, two input sets (two seeds) and the clone a
+        forward runs on, the outputs kept for comparison (the first forward's, the mode trace's,
+        the other seed's) while another forward runs, and that forward's largest kernel.
+        `peak_bytes` is the first forward alone (what the acceptance cap measures). The output
+        count, 4, is a least-squares fit to CPU measurements (benchmarks/peak_memory.py): the
+        allocator's free lists hold some of what the checks dropped."""
+        return self.peak_bytes + 2 * self.input_bytes + 4 * self.output_bytes
 
     @property
     def max_numel(self) -> float:
@@ -156,6 +169,7 @@ def replay_cost(graph: OpGraph, catalog, batch: int | None = None) -> GraphCost:
         dtype = torch.int64 if d["dtype"] == "int64" else fdt
         env[n] = torch.empty(tuple(d["shape"]), dtype=dtype, device=meta)
         persistent += _nbytes(env[n])
+    inputs = persistent
     rec = _Recorder()
     for n in graph.op_nodes():
         d = graph.node(n)
@@ -182,7 +196,8 @@ def replay_cost(graph: OpGraph, catalog, batch: int | None = None) -> GraphCost:
         with torch.no_grad(), rec, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. losses' reduction notices: meta replay is not the task
             env[n] = apply(spec, env[src], d["params"], operand=other, module=module)
-    return GraphCost(graph_batch(graph), tuple(rec.kernels), persistent, persistent + rec.largest)
+    outputs = float(sum(_nbytes(t) for t in tree_flatten(env[graph.output()])[0] if isinstance(t, torch.Tensor)))
+    return GraphCost(graph_batch(graph), tuple(rec.kernels), persistent, persistent + rec.largest, inputs, outputs)
 
 
 class AffineCost:
@@ -199,6 +214,7 @@ class AffineCost:
         self.slope = [tuple((y - x) / d for x, y in zip(ka, kb)) for ka, kb in
                       zip(self.base, [(k.flops, k.bytes, k.elements, k.numel) for k in b.kernels])]
         self.persistent = (a.persistent_bytes, (b.persistent_bytes - a.persistent_bytes) / d)
+        self.io = [(x, (y - x) / d) for x, y in ((a.input_bytes, b.input_bytes), (a.output_bytes, b.output_bytes))]
 
     @classmethod
     def fit(cls, replay, b0: int) -> "AffineCost | None":
@@ -211,14 +227,17 @@ class AffineCost:
         exact = all(_close(x, y) for kg, kw in zip(got.kernels, want.kernels)
                     for x, y in zip((kg.flops, kg.bytes, kg.elements, kg.numel),
                                     (kw.flops, kw.bytes, kw.elements, kw.numel)))
-        return model if exact and _close(got.peak_bytes, want.peak_bytes) else None
+        return model if exact and all(_close(x, y) for x, y in (
+            (got.peak_bytes, want.peak_bytes), (got.input_bytes, want.input_bytes),
+            (got.output_bytes, want.output_bytes))) else None
 
     def at(self, batch: int) -> GraphCost:
         t = batch - self.b0
         kernels = tuple(Kernel(n, *(x + s * t for x, s in zip(base, slope)))
                         for n, base, slope in zip(self.names, self.base, self.slope))
         persistent = self.persistent[0] + self.persistent[1] * t
-        return GraphCost(batch, kernels, persistent, persistent + max((k.bytes for k in kernels), default=0.0))
+        ins, outs = (x + s * t for x, s in self.io)
+        return GraphCost(batch, kernels, persistent, persistent + max((k.bytes for k in kernels), default=0.0), ins, outs)
 
 
 def _close(x: float, y: float) -> bool:

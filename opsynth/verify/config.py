@@ -15,6 +15,10 @@ from typing import Any
 
 
 SANDBOX_MODES = ("auto", "true", "false")
+# A CUDA worker's allocator may use at most this share of the device (opsynth.verify.worker), and
+# each worker's CUDA context takes about this much beside it (612 MiB per idle worker on an H200).
+CUDA_USABLE = 0.95
+CUDA_CONTEXT_MB = 640.0
 DEVICES = ("auto", "cpu", "cuda")
 # torch.compile backends that every torch build registers (no import needed to accept them).
 COMMON_BACKENDS = frozenset({"inductor", "eager", "aot_eager", "cudagraphs"})
@@ -65,6 +69,16 @@ class VerifyConfig:
     cpu_mem_limit_gb: float = 8.0
     # Host RSS growth allowed to a CUDA worker before the parent kills it.
     cuda_host_mem_limit_gb: float = 32.0
+    # Admission by memory, before any candidate reaches the device (opsynth.verify.sizing): the
+    # cost model's predicted peak times `mem_safety` must fit the memory one verifier request may
+    # use, `task_mem_budget_mb`; sizing takes the largest batch_size that fits, and rejects the
+    # candidate as `predicted_oom` when none reaches its runtime target. Budget 0: derived by the
+    # pool: on CUDA the device's memory shared by the workers on it (each may hold its checks at
+    # once, opsynth.runtime.device_lock.device_share), at most the per-worker cap `mem_limit_gb`;
+    # on CPU the address-space growth a worker may have, `cpu_mem_limit_gb`. mem_safety 0: off.
+    # Sizes depend on the budget: for the same rows on machines of different memory, set it.
+    task_mem_budget_mb: float = 0.0
+    mem_safety: float = 2.5  # opsynth.verify.sizing says what it was measured to cover
 
     # torch.compile settings; "inductor" is what the dataset promises, "aot_eager" or "eager" are
     # much faster to compile and useful in tests.
@@ -171,6 +185,9 @@ class VerifyConfig:
             median, p90 = self.targets(dev)
             if not 0 < median < p90:
                 raise ValueError(f"verify targets on {dev} need 0 < median < p90, got {median} and {p90}")
+        if self.task_mem_budget_mb < 0 or self.mem_safety < 0:
+            raise ValueError(f"verify.task_mem_budget_mb and verify.mem_safety must be >= 0 (0: derived / off), "
+                             f"got {self.task_mem_budget_mb} and {self.mem_safety}")
         if self.band_margin < 1:
             raise ValueError(f"verify.band_margin must be >= 1, got {self.band_margin}")
         rates = [k for k in ("cost_tflops", "cost_gbps", "cost_gelems") if getattr(self, k) <= 0
@@ -205,6 +222,21 @@ class VerifyConfig:
         if device == "cpu":
             return DeviceLimits(self.cpu_min_ms, self.cpu_max_ms, self.cpu_mem_cap_gb, self.cpu_mem_limit_gb)
         return DeviceLimits(self.min_ms, self.max_ms, self.mem_cap_gb, self.mem_limit_gb)
+
+    def task_memory_budget_mb(self, device: str, device_mem_mb: float | None = None, sharers: int = 1) -> float:
+        """The memory one verifier request may use (`task_mem_budget_mb`, else derived): on CUDA the
+        worker's allocator cap (`mem_limit_gb`, and at most CUDA_USABLE of ``device_mem_mb``) and
+        the device's usable memory split between the ``sharers`` (workers on one GPU hold their
+        checks at once), less a CUDA context each; on CPU the address-space growth a worker may
+        have (`cpu_mem_limit_gb`: its RLIMIT_AS). Without ``device_mem_mb``: the per-worker cap."""
+        if self.task_mem_budget_mb > 0:
+            return float(self.task_mem_budget_mb)
+        per_worker = self.limits(device).mem_limit_gb * 1024
+        if device == "cpu" or not device_mem_mb:
+            return per_worker
+        usable = CUDA_USABLE * float(device_mem_mb)
+        share = usable / max(1, int(sharers)) - CUDA_CONTEXT_MB
+        return max(0.0, min(per_worker, usable, share))
 
     def accept_window(self, device: str) -> tuple[float, float]:
         """The measured eager median a task must have to be accepted on ``device``."""

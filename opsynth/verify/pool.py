@@ -48,7 +48,7 @@ from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
 from .config import VerifyConfig
 from .result import ACCEPTED, VerifyResult
-from .stages import gpu_sections, stage_seconds
+from .stages import device_sections, gpu_sections, stage_seconds
 
 _TAIL_BYTES = 16 * 1024
 
@@ -266,6 +266,7 @@ class WorkerPool:
         self.limits = self.cfg.limits(self.device)
         self.device_name: str | None = None
         self.torch_version: str | None = None
+        self.device_mem_mb: float | None = None  # the GPU's memory, as the workers report it
         self._slots: list[WorkerProcess | None] = [None] * self.n_workers
         self._idle: queue.Queue[int] = queue.Queue()
         self._executor: ThreadPoolExecutor | None = None
@@ -327,6 +328,7 @@ class WorkerPool:
                 ready = w.wait_ready(self.cfg.startup_timeout_s)
                 self.device_name = ready["device_name"]
                 self.torch_version = ready["torch_version"]
+                self.device_mem_mb = ready.get("device_mem_mb")
         except BaseException:
             self._closed = False
             self.close()
@@ -382,6 +384,20 @@ class WorkerPool:
         return w
 
     # --- public API -----------------------------------------------------------------------------
+    @property
+    def sharers(self) -> int:
+        """Workers of this pool on one device: on CUDA they take ``cuda_devices`` round-robin and
+        hold their checks at once (`device_share`); on CPU each has its own address-space limit."""
+        if self.device != "cuda":
+            return 1
+        return -(-self.n_workers // len(self.cfg.cuda_devices or [0]))
+
+    @property
+    def task_mem_budget_mb(self) -> float:
+        """The memory one request may use here (`VerifyConfig.task_memory_budget_mb`): what sizing
+        admits candidates against (opsynth.verify.sizing), so none is sent that cannot fit."""
+        return self.cfg.task_memory_budget_mb(self.device, self.device_mem_mb, self.sharers)
+
     def alive(self) -> int:
         """How many worker processes are running now (a health check for callers and tests)."""
         return sum(1 for w in self._slots if w is not None and w.proc.poll() is None)
@@ -450,6 +466,7 @@ class WorkerPool:
         return VerifyResult(accepted=reason == ACCEPTED, reason=reason, source=source, device=self.device_name,
                             torch_version=self.torch_version, elapsed_s=elapsed,
                             stage_s=stage_seconds(replies or [], elapsed), gpu_sections=gpu_sections(replies or []),
+                            device_sections=device_sections(replies or []),
                             **kw)
 
     def _verify_task(self, index: int, source: str) -> VerifyResult:
@@ -522,7 +539,7 @@ class WorkerPool:
                 return reject(rep["reason"], ev, peak_mem_mb=peak)
             eager_ms, peak_mb = rep["eager_ms"], rep["peak_mem_mb"]
             history.append({"batch_size": batch, "eager_ms": eager_ms, "peak_mem_mb": peak_mb,
-                            "timings": rep.get("timings")})
+                            "request_peak_mem_mb": rep.get("request_peak_mem_mb"), "timings": rep.get("timings")})
             if lo_ms <= eager_ms <= hi_ms or not cfg.check_band:
                 break
             band = "too_fast" if eager_ms < lo_ms else "too_slow"

@@ -39,6 +39,9 @@ REASONS: dict[str, str] = {
     "too_slow": "eager median above the acceptance window (max_ms less the edge margin), or even "
                 "batch_size 1 is predicted above the target window",
     "size_error": "the cost model cannot replay the operators at the smallest batch_size",
+    "predicted_oom": "the memory a verifier request is predicted to hold (times verify.mem_safety) is above what one "
+                     "request may use on the device (verify.task_mem_budget_mb), at every batch_size that reaches the "
+                     "runtime target: rejected by sizing, before any device work",
     "compile_error": "torch.compile (or running the compiled model) raised",
     "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
     "worker_error": "the verifier itself failed (a bug, not the task's fault)",
@@ -65,6 +68,7 @@ class VerifyResult:
     elapsed_s: float = 0.0  # wall time this verification took, worker restarts included
     stage_s: dict[str, float] = field(default_factory=dict)  # where elapsed_s went (verify/stages.py)
     gpu_sections: list = field(default_factory=list)  # (start, end) wall-clock seconds of device work
+    device_sections: dict = field(default_factory=dict)  # the same and compile's, by kind (stages.device_sections)
     # Known once the eager checks passed (opsynth.verify.checks.choose_mode, opsynth.verify.tracing):
     mode: str | None = None  # "train" or "eval": the mode the task means (opsynth.render.task_file)
     signature: str | None = None  # the forward's call graph up to sizes and constants

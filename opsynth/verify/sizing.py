@@ -14,6 +14,16 @@ device's measured peaks are still recorded (state file, card) next to the refere
 reader sees how the two compare; on a device far from the reference, set the ``cost_*`` settings to
 its measured rates (sizes, hence rows, then change with them, deterministically).
 
+Memory is admitted here too, so that no candidate reaches the device that cannot fit there: a
+verifier request holds much more than one forward (weights, two input sets and a clone, the
+outputs its checks compare, the running forward: `GraphCost.request_bytes`), and that prediction
+times ``VerifyConfig.mem_safety`` must fit the memory one request may use
+(``VerifyConfig.task_memory_budget_mb``; on a GPU its share among the workers on it). The batch
+size search stays within it; a candidate whose runtime target needs more, or that does not fit
+even at the smallest batch size, is rejected as ``predicted_oom`` without running. Before this,
+an H200 run spent GPU work on 52 of 446 candidates that then failed as ``oom``.
+(``MEM_SHARE`` of the acceptance cap ``mem_cap_gb`` still bounds the first forward's peak.)
+
 Predictions are kept inside ``[min_ms * band_margin, max_ms / band_margin]``, well within the window
 the measured time must fall in (``VerifyConfig.accept_window``), so that a row's acceptance does not
 hinge on the noise of one timing either; candidates whose prediction cannot get there are rejected
@@ -36,6 +46,12 @@ from .config import VerifyConfig
 # Predicted peak memory may use this share of the memory cap: the estimate (inputs, weights and the
 # largest kernel's operands) leaves out temporaries that the eager checks also keep alive.
 MEM_SHARE = 0.5
+# `mem_safety`'s default, 2.5, covers what the request model misses: on the CPU (29 sampled graphs,
+# benchmarks/results/peak_memory_cpu.json) the measured request peak was 0.79x to 2.53x
+# `request_bytes` (median 1.16, 90th percentile 1.93; the highest are operators that eager runs
+# as several kernels with temporaries alive together: LocalResponseNorm, lp_pool, softmax), against
+# 1.39x to 6.0x the first-forward `peak_bytes` (median 3.0). Not yet measured on a GPU:
+# `benchmarks/peak_memory.py --device cuda` does it.
 # BatchNorm in training mode (the task's default) needs two rows; the sampler's floor is 2 as well.
 MIN_BATCH = 2
 MAX_BATCH = 1 << 24
@@ -52,12 +68,15 @@ class SizeChoice:
     target_ms: float
     predicted_ms: float
     predicted_peak_mb: float
-    reason: str | None = None  # None, "too_fast" or "too_slow"
+    reason: str | None = None  # None, "too_fast", "too_slow", "mem_cap", "predicted_oom", "size_error"
     message: str = ""
+    predicted_request_mb: float = math.nan  # what one verifier request is predicted to hold (x steps)
+    budget_mb: float | None = None  # what it may hold, over mem_safety (None: admission off)
 
     def evidence(self) -> dict[str, Any]:
         return {"stage": "size", "batch_size": self.batch, "target_ms": self.target_ms,
                 "predicted_ms": self.predicted_ms, "predicted_peak_mb": self.predicted_peak_mb,
+                "predicted_request_mb": self.predicted_request_mb, "budget_mb": self.budget_mb,
                 "message": self.message}
 
 
@@ -105,13 +124,18 @@ class _Costs:
         return self.affine.at(batch) if self.affine is not None else self.replay(batch)
 
 
-def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: str) -> SizeChoice:
+def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: str,
+                 budget_mb: float | None = None) -> SizeChoice:
     """The batch size for this candidate (see the module docstring). Deterministic: it reads the
-    graph, the seed and the settings, nothing else."""
+    graph, the seed, the settings and ``budget_mb`` (the memory one verifier request may use: the
+    pool's `task_mem_budget_mb`; None: `cfg.task_memory_budget_mb(device)`), nothing else."""
     rates = cfg.rates(device, graph.dtype)
     # A backward step costs PASS_COST forwards, in time and (saved activations, gradients) in memory.
     steps = PASS_COST[graph.task_pass]
     cap = cfg.limits(device).mem_cap_gb * 2**30 * MEM_SHARE / steps
+    if budget_mb is None:
+        budget_mb = cfg.task_memory_budget_mb(device)
+    admit = budget_mb * 2**20 / cfg.mem_safety / steps if cfg.mem_safety > 0 else None
     target = draw_target_ms(seed, cfg, device)
     lo, hi = target_window(cfg, device)
     costs = _Costs(graph, catalog)
@@ -120,9 +144,24 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
         c = costs(b)
         return math.inf if c is None else max(steps * predict_ms(c, rates), 1e-9)  # views only: nothing runs
 
-    def fits(b: int) -> bool:
+    def under_cap(b: int) -> bool:
         c = costs(b)
         return c is not None and c.peak_bytes <= cap and c.max_numel <= MAX_NUMEL
+
+    def admitted(b: int) -> bool:
+        c = costs(b)
+        return admit is None or (c is not None and c.request_bytes <= admit)
+
+    def fits(b: int) -> bool:
+        return under_cap(b) and admitted(b)
+
+    def choice(batch: int, p: float, c, reason: str | None = None, message: str = "") -> SizeChoice:
+        return SizeChoice(batch, target, p, steps * c.peak_bytes / 2**20, reason, message,
+                          steps * c.request_bytes / 2**20, budget_mb if admit is not None else None)
+
+    def over_budget(batch: int, c) -> str:
+        return (f"predicted {steps * c.request_bytes / 2**20:.1f} MB per verifier request at batch_size {batch}, "
+                f"x mem_safety {cfg.mem_safety:g}, is above the {budget_mb:.0f} MB one request may use")
 
     # Largest batch within the memory budget (peak memory grows with the batch), by doubling then
     # bisection; runtime grows with the batch too, so the same search finds the target.
@@ -131,9 +170,11 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
         if c is None:
             return SizeChoice(MIN_BATCH, target, math.inf, math.inf, "size_error",
                               f"the operators do not run at batch_size {MIN_BATCH} (replayed on meta tensors)")
-        return SizeChoice(MIN_BATCH, target, pred(MIN_BATCH), c.peak_bytes / 2**20, "mem_cap",
-                          f"predicted peak memory {c.peak_bytes / 2**30:.2f} GB at batch_size {MIN_BATCH} is above "
-                          f"{MEM_SHARE:g} x the {cfg.limits(device).mem_cap_gb:g} GB cap")
+        if not under_cap(MIN_BATCH):
+            return SizeChoice(MIN_BATCH, target, pred(MIN_BATCH), c.peak_bytes / 2**20, "mem_cap",
+                              f"predicted peak memory {c.peak_bytes / 2**30:.2f} GB at batch_size {MIN_BATCH} is above "
+                              f"{MEM_SHARE:g} x the {cfg.limits(device).mem_cap_gb:g} GB cap")
+        return choice(MIN_BATCH, pred(MIN_BATCH), c, "predicted_oom", over_budget(MIN_BATCH, c))
     top = MIN_BATCH
     while top < MAX_BATCH and pred(top) < target and fits(min(2 * top, MAX_BATCH)):
         top = min(2 * top, MAX_BATCH)
@@ -158,16 +199,20 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
         return SizeChoice(batch, target, math.inf, math.inf, "size_error",
                           f"the operators do not run at batch_size {batch} (replayed on meta tensors)")
     p = max(steps * predict_ms(final, rates), 1e-9)
-    peak_mb = steps * final.peak_bytes / 2**20
     if p < lo:
-        why = ("the memory budget allows no larger batch_size" if batch == top and top < MAX_BATCH
-               else "the prediction does not grow with batch_size")
-        return SizeChoice(batch, target, p, peak_mb, "too_fast",
-                          f"predicted {p:.4g} ms at batch_size {batch}, below the {lo:.4g} ms target window: {why}")
+        stopped = batch == top and top < MAX_BATCH
+        if stopped and under_cap(top + 1) and not admitted(top + 1):  # the request budget, not the cap
+            nxt = costs(top + 1)
+            return choice(batch, p, final, "predicted_oom",
+                          f"predicted {p:.4g} ms at batch_size {batch}, below the {lo:.4g} ms target window, and a "
+                          f"larger batch_size would not fit: {over_budget(top + 1, nxt)}")
+        why = "the memory budget allows no larger batch_size" if stopped else "the prediction does not grow with batch_size"
+        return choice(batch, p, final, "too_fast",
+                      f"predicted {p:.4g} ms at batch_size {batch}, below the {lo:.4g} ms target window: {why}")
     if p > hi:
-        return SizeChoice(batch, target, p, peak_mb, "too_slow",
-                          f"predicted {p:.4g} ms at batch_size {batch}, above the {hi:.4g} ms target window")
-    return SizeChoice(batch, target, p, peak_mb)
+        return choice(batch, p, final, "too_slow",
+                      f"predicted {p:.4g} ms at batch_size {batch}, above the {hi:.4g} ms target window")
+    return choice(batch, p, final)
 
 
 __all__ = ["MEM_SHARE", "SizeChoice", "choose_batch", "draw_target_ms", "target_window"]

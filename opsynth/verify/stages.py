@@ -15,7 +15,8 @@ so the rounds before it are the cost of calibration. The stages:
     verify_other   the rest of the verification's wall time: pipes, the parent's own work
 
 `gpu_sections` lists the `checks` and `timing` sections (start, end) that ran on the device, so a
-benchmark can take their union over a window as the GPU's busy share.
+benchmark can take their union over a window as the GPU's busy share; `device_sections` gives them
+by kind (with `compile`, whose first calls also run there), for the busy share of each stage.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def gpu_sections(replies: list[tuple[str, dict[str, Any]]]) -> list[tuple[float,
     """The (start, end) of every checks and timing section (device work) of one task."""
     return [(float(s), float(e)) for _, rep in replies for kind, s, e in rep.get("sections") or ()
             if kind in ("checks", "timing")]
+
+
+DEVICE_KINDS = ("checks", "compile", "timing")
+
+
+def device_sections(replies: list[tuple[str, dict[str, Any]]]) -> dict[str, list[tuple[float, float]]]:
+    """The (start, end) of every checks, compile and timing section of one task, by kind."""
+    out: dict[str, list[tuple[float, float]]] = {k: [] for k in DEVICE_KINDS}
+    for _, rep in replies:
+        for kind, s, e in rep.get("sections") or ():
+            if kind in out:
+                out[kind].append((float(s), float(e)))
+    return out
 
 
 def union_seconds(intervals, lo: float | None = None, hi: float | None = None) -> float:

@@ -29,7 +29,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 from . import protocol
-from .config import VerifyConfig
+from .config import CUDA_USABLE, VerifyConfig
 from opsynth.runtime.device_lock import device_share
 from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, median_ms
 
@@ -133,13 +133,15 @@ class Worker:
             torch.cuda.init()
             torch.zeros(1, device="cuda")
             total = torch.cuda.get_device_properties(0).total_memory
-            frac = min(0.95, self.limits.mem_limit_gb * 2**30 / total)
+            frac = min(CUDA_USABLE, self.limits.mem_limit_gb * 2**30 / total)
+            self.device_mem_mb = total / 2**20
             torch.cuda.set_per_process_memory_fraction(frac)
             self.device_name = torch.cuda.get_device_name(0)
         else:
             threads = cfg.cpu_threads_per_worker or int(os.environ.get("OPSYNTH_VERIFY_THREADS", "1"))
             torch.set_num_threads(max(1, threads))
             self.device_name = "cpu"
+            self.device_mem_mb = None
         self.lock_file = device_lock_path(self.device, 0) if cfg.serialize_timing else None  # the pool set its folder
         self._lock_depth = 0
         # What this request spent where: [kind, start, end] in wall-clock seconds (comparable across
@@ -300,8 +302,12 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001
             raise C.classify(exc, "eager_error") from None
         clock = "cuda_events" if dev == "cuda" else cpu_clock()[0]
+        # The whole request's high-water mark (checks and timing: both input sets, the outputs the
+        # checks keep, the clones): what a memory limit meets, against `peak` (the first forward,
+        # the acceptance cap's measure). Sizing's admission is checked against it (verify/sizing.py).
+        request_peak = max(peak, probe.peak_bytes())
         return {"eager_ms": eager_ms, "timed_runs": n, "timings": timings, "clock": clock,
-                "peak_mem_mb": peak / 2**20, "outputs": spec, "mode": mode,
+                "peak_mem_mb": peak / 2**20, "request_peak_mem_mb": request_peak / 2**20, "outputs": spec, "mode": mode,
                 "signature": C.kind_signature(trace.signature(), kind), "calls": trace.op_names()}
 
     def compile(self, source: str, mode: str | None = None) -> dict[str, Any]:
@@ -474,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     protocol.send(args.resp_fd, {
-        "event": "ready", "device": worker.device, "device_name": worker.device_name,
+        "event": "ready", "device": worker.device, "device_name": worker.device_name, "device_mem_mb": worker.device_mem_mb,
         "torch_version": torch.__version__, "pid": os.getpid(),
     })
     while True:

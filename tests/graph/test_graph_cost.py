@@ -44,6 +44,8 @@ def test_a_linear_then_relu_costs_its_flops_and_bytes(catalog):
     assert mm.bytes == 4 * (b * fin + fin * fout + fout + b * fout)  # x, W, bias in; y out
     assert relu.flops == 0 and relu.bytes == 4 * 2 * b * fout and relu.elements == b * fout
     assert cost.persistent_bytes == 4 * (b * fin + fin * fout + fout)  # the input and the parameters
+    assert (cost.input_bytes, cost.output_bytes) == (4 * b * fin, 4 * b * fout)
+    assert cost.request_bytes == cost.peak_bytes + 2 * cost.input_bytes + 4 * cost.output_bytes
     assert kernel_class("addmm") == "mm" and kernel_class("relu") == "other"
 
 
@@ -96,4 +98,5 @@ def test_the_affine_fit_gives_the_replayed_counts_at_any_batch(catalog):
                 assert (kg.flops, kg.bytes, kg.elements, kg.numel) == pytest.approx(
                     (kw.flops, kw.bytes, kw.elements, kw.numel), rel=1e-9)
             assert got.peak_bytes == pytest.approx(want.peak_bytes, rel=1e-9)
+            assert got.request_bytes == pytest.approx(want.request_bytes, rel=1e-9)
     assert fitted >= 8

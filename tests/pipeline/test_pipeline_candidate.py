@@ -107,7 +107,8 @@ def test_a_verifier_rejection_is_a_record_with_a_named_reason(cfgs):
     impossible = {**verify, "cpu_min_ms": 1e9, "cpu_max_ms": 2e9}  # no task is this slow
     rec = candidate.process_candidate(0, SEED, sampler, impossible, dedup, True)
     assert rec["accepted"] is False and rec["row"] is None
-    assert rec["reason"] == "too_fast" and rec["reason"] in REASONS
+    # The memory one verifier request may hold stops the batch before any target this slow.
+    assert rec["reason"] == "predicted_oom" and rec["reason"] in REASONS
     assert rec["evidence"]
 
 

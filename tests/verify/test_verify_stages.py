@@ -2,7 +2,7 @@
 
 import pytest
 
-from opsynth.verify.stages import STAGES, gpu_sections, stage_seconds, union_seconds
+from opsynth.verify.stages import STAGES, device_sections, gpu_sections, stage_seconds, union_seconds
 
 
 def _rep(*sections, wait=0.0):
@@ -26,6 +26,8 @@ def test_calibration_rounds_are_the_eager_rounds_before_the_kept_one():
     assert s["worker_restart"] == pytest.approx(0.1)
     assert s["verify_other"] == pytest.approx(0.15)
     assert gpu_sections(replies) == [(0.0, 1.0), (1.5, 2.0), (2.0, 2.5), (2.5, 3.5), (9.0, 9.5)]
+    assert device_sections(replies) == {"checks": [(0.0, 1.0), (2.0, 2.5)], "compile": [(3.5, 8.5)],
+                                        "timing": [(1.5, 2.0), (2.5, 3.5), (9.0, 9.5)]}
 
 
 def test_a_rejection_in_the_first_round_is_all_eager_checks():
