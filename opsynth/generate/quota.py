@@ -85,4 +85,4 @@ class MixtureQuota:
     def summary(self) -> dict:
         """What the card and report print."""
         return {"quotas": dict(sorted(self.quotas.items())), "rows": {s: self.counts[s] for s in sorted(self.quotas)},
-                "given_up": list(self.given_up), "give_up_after": self.give_up}
+                "given_up": list(self.given_up), "give_up_after": self.give_up, "reason": REASON}

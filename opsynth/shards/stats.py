@@ -67,7 +67,8 @@ class RunStats:
     # {name: target}, "backward_loss": words}; the card prints them with the rows' counts.
     precisions: dict[str, Any] = field(default_factory=dict)
     # The mixture quotas (`opsynth.generate.quota.MixtureQuota.summary`): {"quotas": slot -> rows
-    # allowed, "rows": slot -> rows held, "given_up": slots given up, "give_up_after": misses}; {} when off.
+    # allowed, "rows": slot -> rows held, "given_up": slots given up, "give_up_after": misses, "reason":
+    # the rejection's name}; {} when off.
     mixture_quota: dict[str, Any] = field(default_factory=dict)
 
     def accept(self, n: int = 1) -> None:
