@@ -107,10 +107,16 @@ class _Committer:
             self.summarise_quota()
         self._source_of = {}
 
+    def full_slot(self, seed: int) -> str | None:
+        """The slot of the candidate of `seed` when it holds its quota, else None (counts only grow,
+        and a full slot's quota grows only when another slot is given up)."""
+        if self.quota is None:
+            return None
+        slot = self.plan.slot(seed)
+        return slot if self.quota.full(slot) else None
+
     def slot_full(self, seed: int) -> bool:
-        """Whether the slot of the candidate of `seed` holds its quota (counts only grow, and a
-        full slot's quota grows only when another slot is given up)."""
-        return self.quota is not None and self.quota.full(self.plan.slot(seed))
+        return self.full_slot(seed) is not None
 
     def quota_state(self) -> dict:
         """What the state file keeps of the quotas (a run stopped before its plan came keeps the
@@ -413,8 +419,9 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         while len(inflight) < target_in_flight() and next_submit < max_candidates:
             i = next_submit
             next_submit += 1
-            if committer.slot_full(candidate_seed(cfg.seed, i)):
-                skipped[i] = committer.plan.slot(candidate_seed(cfg.seed, i))
+            slot = committer.full_slot(candidate_seed(cfg.seed, i))
+            if slot is not None:
+                skipped[i] = slot
             else:
                 submit(i)
 

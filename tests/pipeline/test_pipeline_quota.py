@@ -216,3 +216,25 @@ def test_the_shipped_config_turns_quotas_on():
     assert generate_config(_compose("mixture_quota=false")).mixture_quota is False
     with pytest.raises(ValueError, match="mixture_quota"):
         generate_config(_compose("mixture_quota=maybe"))
+
+
+def test_rows_on_disk_ahead_of_the_state_count_toward_their_slot_once(tmp_path, tasks, fake, monkeypatch):
+    """A crash between a shard write and the next state save (simulated by restoring an earlier
+    state file): the slots' counts come from the rows the state lists, the rows ahead of it count
+    when their candidates come again, and the run ends with the rows and counts of an uninterrupted one."""
+    from opsynth.generate import state as statefile
+
+    fake.accept = _passes(tasks)
+    snapshots = []
+    save = statefile.save_state
+    monkeypatch.setattr(statefile, "save_state", lambda out, state: (snapshots.append(json.dumps(state)), save(out, state)))
+    crashed, ref = tmp_path / "crashed", tmp_path / "ref"
+    driver_tests._run_with_deadline(_cfg(crashed))
+    early = next(json.loads(s) for s in snapshots if json.loads(s)["stats"]["rejected"].get(REASON))
+    assert early["stats"]["accepted"] < N_TASKS
+    (crashed / STATE_FILE).write_text(json.dumps(early))  # a state with a full slot; all rows are on disk
+    got = driver_tests._run_with_deadline(_cfg(crashed))
+    want = driver_tests._run_with_deadline(_cfg(ref))
+    assert read_rows(crashed, columns=["task_id"]) == read_rows(ref, columns=["task_id"])
+    for key in ("accepted", "rejected", "candidates", "mixture_quota"):
+        assert got[key] == want[key], key
