@@ -306,20 +306,7 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
 
     serialize_ast_parse()
     with _CTX_LOCK:
-        if "catalog" not in _CTX:
-            from opsynth.catalog import load_catalog, quiet_standalone_modules
-
-            quiet_standalone_modules()  # the cost model's replays build attention modules standalone
-            _CTX["catalog"] = load_catalog()
-        if _CTX.get("sampler_key") != key(sampler_cfg, verify_cfg["device"]):
-            from opsynth.graph import Sampler
-
-            from opsynth.verify.pool import detect_device
-
-            device = detect_device(verify_cfg["device"])  # the catalog excludes per precision on it
-            _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"],
-                                        device=device),
-                        sampler_key=key(sampler_cfg, verify_cfg["device"]))
+        _ensure_sampler(sampler_cfg, verify_cfg)  # and the catalog
         if _CTX.get("kb_key") != key(dedup_cfg, kb_check):
             from opsynth.dedup import KernelBenchIndex
 
@@ -344,6 +331,34 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 atexit.register(_close_context)
                 _CTX["atexit"] = True
         return _CTX
+
+
+def _ensure_sampler(sampler_cfg: dict, verify_cfg: dict) -> None:
+    """The process's catalog and sampler for these settings (the caller holds `_CTX_LOCK`)."""
+    if "catalog" not in _CTX:
+        from opsynth.catalog import load_catalog, quiet_standalone_modules
+
+        quiet_standalone_modules()  # the cost model's replays build attention modules standalone
+        _CTX["catalog"] = load_catalog()
+    key = json.dumps((sampler_cfg, verify_cfg["device"]), sort_keys=True, default=str)
+    if _CTX.get("sampler_key") != key:
+        from opsynth.graph import Sampler
+
+        from opsynth.verify.pool import detect_device
+
+        device = detect_device(verify_cfg["device"])  # the catalog excludes per precision on it
+        _CTX.update(sampler=Sampler(_worker_sampler_config(sampler_cfg, verify_cfg["device"]), _CTX["catalog"],
+                                    device=device), sampler_key=key)
+
+
+def slot_plan(sampler_cfg: dict, verify_cfg: dict):
+    """This worker's `SlotPlan` (which slot each seed gets, and the slots' expected shares), for the
+    driver's mixture quotas: drawn from the sampler the candidates use, with the operators its
+    device excludes per precision, without starting a verify pool."""
+    serialize_ast_parse()
+    with _CTX_LOCK:
+        _ensure_sampler(sampler_cfg, verify_cfg)
+        return _CTX["sampler"].slots
 
 
 def _worker_sampler_config(sampler_cfg: dict, verify_device: str) -> SamplerConfig:

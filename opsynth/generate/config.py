@@ -18,7 +18,7 @@ from typing import Any
 from opsynth.cluster import ClusterConfig
 from opsynth.config import build, to_plain
 from opsynth.dedup import DedupConfig
-from opsynth.graph import SamplerConfig
+from opsynth.graph import SamplerConfig, source_name
 from opsynth.verify import VerifyConfig
 
 SEED_STRIDE = 1_000_000_007
@@ -48,6 +48,11 @@ class GenerateConfig:
     # A folder whose shards lost rows the state file lists (a shard deleted, truncated, unreadable)
     # is refused; repair=true regenerates exactly the missing seeds and sets damaged files aside.
     repair: bool = False
+    # Fill the operator-count mixture by quota (`opsynth.generate.quota`): each slot holds at most its
+    # share of n_tasks; a slot whose last `mixture_give_up` committed candidates were all rejected is
+    # given up and its rows go to the others (0: never give up; the run then stops at max_candidates).
+    mixture_quota: bool = True
+    mixture_give_up: int = 200
 
     def __post_init__(self) -> None:
         self.check_values()
@@ -60,6 +65,10 @@ class GenerateConfig:
             raise ValueError("output_dir must be a folder path")
         if self.flush_every < 1:
             raise ValueError("flush_every must be >= 1")
+        if not isinstance(self.mixture_quota, bool):
+            raise ValueError(f"mixture_quota must be true or false, got {self.mixture_quota!r}")
+        if isinstance(self.mixture_give_up, bool) or not isinstance(self.mixture_give_up, int) or self.mixture_give_up < 0:
+            raise ValueError(f"mixture_give_up must be an integer >= 0 (0: never give a slot up), got {self.mixture_give_up!r}")
 
     def validate(self) -> None:
         """Everything a run checks before it starts: these values (again: a caller may have changed
@@ -166,8 +175,8 @@ def describe_run(stats, cfg: GenerateConfig) -> None:
     stats.n_tasks = cfg.n_tasks
     stats.seed = cfg.seed
     stats.cluster = cfg.cluster.kind
-    stats.target_mixture = {(f"torch#{k}" if k != "transformers" else "transformers#1"): float(v)
-                            for k, v in cfg.sampler.mixture.items()}
+    # As configured; the driver replaces it with the sampler's effective shares (`SlotPlan.shares`).
+    stats.target_mixture = {source_name(str(k)): float(v) for k, v in cfg.sampler.mixture.items()}
     device = verify_device(cfg)
     limits = cfg.verify.limits(device)
     stats.thresholds = {
@@ -180,5 +189,6 @@ def describe_run(stats, cfg: GenerateConfig) -> None:
     }
     stats.precisions = precision_facts(cfg)
     stats.versions = {**default_versions(), **stats.versions}
-    stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "sampler": plain(cfg.sampler),
+    stats.config = {"n_tasks": cfg.n_tasks, "seed": cfg.seed, "mixture_quota": cfg.mixture_quota,
+                    "mixture_give_up": cfg.mixture_give_up, "sampler": plain(cfg.sampler),
                     "verify": plain(cfg.verify), "dedup": plain(cfg.dedup), "cluster": cfg.cluster.kind}

@@ -33,8 +33,10 @@ from typing import Any
 
 from opsynth.cluster import start_cluster
 from opsynth.generate import state as statefile
-from opsynth.generate.candidate import measure_peaks, process_candidate
+from opsynth.generate.candidate import measure_peaks, process_candidate, slot_plan
 from opsynth.generate.config import SEED_STRIDE, GenerateConfig, candidate_seed, describe_run, plain
+from opsynth.generate.quota import REASON as SLOT_FULL
+from opsynth.generate.quota import MixtureQuota
 from opsynth.generate.state import DatasetFolderError, read_ledger, rows_with_ids
 
 log = logging.getLogger("opsynth.generate")
@@ -61,12 +63,19 @@ class _Committer:
         self.neardup = NearDupIndex.from_config(cfg.dedup)  # float32 forward's
         self._neardup_by_kind = {("float32", "forward"): self.neardup}
         self.semantic = SemanticDupIndex()
-        on_disk = []
+        on_disk, self._source_of = [], {}
         for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed", "trace_signature",
-                                                      "dtype", "task_pass"]):
+                                                      "dtype", "task_pass", "data_source"]):
             self._neardup_for(row).add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
             self.semantic.add(row["task_id"], row["trace_signature"])
             on_disk.append((int(row["seed"]), row["task_id"]))
+            self._source_of[row["task_id"]] = row["data_source"]
+        # The mixture quotas start with the sampler's slot plan (`use_plan`, from a worker).
+        self.plan = None
+        self.quota: MixtureQuota | None = None
+        self.quota_grew = False  # a slot was given up: the live slots' quotas grew
+        self._quota_state = dict(state.get("mixture_quota") or {})
+        self._slot_mismatch_warned = False
         self.next_index = int(state.get("next_index", 0))
         self.examples: list[dict] = list(state.get("examples", []))
         self.calib_steps: list[int] = []
@@ -82,6 +91,41 @@ class _Committer:
         # The last candidate that wrote one of those rows: the run commits at least up to it.
         self.ahead_until = max((seed - cfg.seed * SEED_STRIDE for seed, tid in on_disk if tid in self.ahead),
                                default=-1)
+
+    def use_plan(self, plan) -> None:
+        """The sampler's `SlotPlan`: the target is its effective shares, and with
+        `mixture_quota=true` each slot's quota comes from them; the counts are the `data_source`
+        of the rows committed so far (read from the shards), so a resumed run decides as before."""
+        from collections import Counter
+
+        self.plan = plan
+        self.stats.target_mixture = plan.shares()
+        if self.cfg.mixture_quota:
+            counts = Counter(self._source_of[tid] for _, tid in self.ledger if tid in self._source_of)
+            self.quota = MixtureQuota(self.cfg.n_tasks, plan.shares(), counts, give_up=self.cfg.mixture_give_up,
+                                      misses=self._quota_state.get("misses"), given_up=self._quota_state.get("given_up"))
+            self.summarise_quota()
+        self._source_of = {}
+
+    def full_slot(self, seed: int) -> str | None:
+        """The slot of the candidate of `seed` when it holds its quota, else None (counts only grow,
+        and a full slot's quota grows only when another slot is given up)."""
+        if self.quota is None:
+            return None
+        slot = self.plan.slot(seed)
+        return slot if self.quota.full(slot) else None
+
+    def slot_full(self, seed: int) -> bool:
+        return self.full_slot(seed) is not None
+
+    def quota_state(self) -> dict:
+        """What the state file keeps of the quotas (a run stopped before its plan came keeps the
+        state's, unchanged)."""
+        return self.quota.to_state() if self.quota is not None else self._quota_state
+
+    def summarise_quota(self) -> None:
+        if self.quota is not None:
+            self.stats.mixture_quota = self.quota.summary()
 
     def _neardup_for(self, row: dict):
         from opsynth.dedup import NearDupIndex
@@ -118,7 +162,12 @@ class _Committer:
             self._count_accepted(rec, row)
             return
         reason = rec.get("reason")
-        if rec["accepted"]:
+        slot = self.plan.slot(rec["seed"]) if self.quota is not None else None
+        if slot is not None and self.quota.full(slot):
+            # Whatever the worker said (and whether it ran at all: the driver skips such candidates
+            # at submit), so that the counts do not depend on when the slot filled.
+            reason, rec["evidence"] = SLOT_FULL, {"slot": slot, "quota": self.quota.quotas.get(slot, 0)}
+        elif rec["accepted"]:
             from opsynth.dedup.semantic import REASON as SEMANTIC
 
             neardup = self._neardup_for(row)
@@ -134,6 +183,11 @@ class _Committer:
             else:
                 self.semantic.add(row["task_id"], row["trace_signature"])
         if reason:
+            if slot is not None and reason != SLOT_FULL and self.quota.note(slot, accepted=False):
+                self.quota_grew = True
+                log.warning("mixture slot %s given up after %d committed candidates in a row were rejected (%d/%d "
+                            "rows); its rows go to the other slots: quotas now %s", slot, self.quota.give_up,
+                            self.quota.counts[slot], self.quota.n_tasks, self.quota.quotas)
             self.stats.reject(reason)
             if sum(1 for e in self.examples if e["reason"] == reason) < 3:
                 self.examples.append({"reason": reason, "index": rec["index"], "seed": rec["seed"],
@@ -162,6 +216,13 @@ class _Committer:
         if lo <= row["eager_ms"] <= lo * NEAR_EDGE or hi / NEAR_EDGE <= row["eager_ms"] <= hi:
             self.near_edge += 1  # a timing 25 % off could have rejected it
         self.stats.accept()
+        if self.quota is not None:
+            if row["data_source"] != self.plan.slot(row["seed"]) and not self._slot_mismatch_warned:
+                self._slot_mismatch_warned = True  # the workers' samplers differ from the one the plan came from
+                log.warning("seed %s: its row says data_source=%s, the slot plan %s (workers with other catalogs or "
+                            "devices?); quotas count the rows' data_source", row["seed"], row["data_source"],
+                            self.plan.slot(row["seed"]))
+            self.quota.note(row["data_source"], accepted=True)
         for op in row["ops"]:
             self.stats.categories.setdefault(op, "")
         if rec.get("calib_steps") is not None:
@@ -333,26 +394,47 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
     inflight: dict[int, Any] = {}
     done: dict[int, dict] = {}
+    # Candidates not sent to a worker because their slot held its quota when they came up: committed
+    # as `mixture_slot_full`, as they would be after running (counts only grow); sent after all if
+    # a given-up slot made room in theirs before their turn to commit.
+    skipped: dict[int, str] = {}
     next_submit = committer.next_index
     flushed_at = writer.num_rows
     ac = as_completed()
 
     def target_in_flight() -> int:
         remaining = max(cfg.n_tasks - committer.rows, 1)
-        committed = stats.accepted + stats.num_rejected
+        # Candidates rejected for a full slot say nothing of how often a submitted one passes.
+        committed = stats.accepted + stats.num_rejected - stats.rejected.get(SLOT_FULL, 0)
         rate = (stats.accepted + 1) / (committed + 3)  # smoothed acceptance rate
         need = math.ceil(remaining / rate * 1.2) - len(done)
         return max(1, min(max_in_flight, max(need, handle.slots)))
+
+    def submit(i: int) -> None:
+        f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
+                          dedup_cfg, cfg.kb_check, key=f"candidate-{cfg.seed}-{i}", pure=False, **submit_kw)
+        inflight[i] = f
+        ac.add(f)
 
     def top_up() -> None:
         nonlocal next_submit
         while len(inflight) < target_in_flight() and next_submit < max_candidates:
             i = next_submit
-            f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
-                              dedup_cfg, cfg.kb_check, key=f"candidate-{cfg.seed}-{i}", pure=False, **submit_kw)
-            inflight[i] = f
-            ac.add(f)
             next_submit += 1
+            slot = committer.full_slot(candidate_seed(cfg.seed, i))
+            if slot is not None:
+                skipped[i] = slot
+            else:
+                submit(i)
+
+    def reopen() -> None:
+        """A slot was given up and the others' quotas grew: send the skipped candidates of slots
+        that have room again (they are committed only once their results are in)."""
+        committer.quota_grew = False
+        for i in sorted(skipped):
+            if not committer.slot_full(candidate_seed(cfg.seed, i)):
+                del skipped[i]
+                submit(i)
 
     def save() -> None:
         writer.flush()
@@ -360,45 +442,80 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         stats.wall_time_s = prior_wall + stats.run_wall_time_s
         statefile.save_state(out, statefile.state_record(committer, stats, writer))
 
+    def drain() -> None:
+        """Commit, in candidate order, every result and skipped candidate whose turn has come."""
+        nonlocal flushed_at
+        t_write = time.perf_counter()
+        while committer.wants_more(cfg.n_tasks):
+            i = committer.next_index
+            if i in skipped and not committer.slot_full(candidate_seed(cfg.seed, i)):
+                del skipped[i]  # its slot has room again (reopen() missed none; this is the guard)
+                submit(i)
+            if i in skipped:
+                slot = skipped.pop(i)
+                rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": SLOT_FULL,
+                       "row": None, "evidence": {"slot": slot, "skipped": True}}
+            elif i in done:
+                rec = done.pop(i)
+            else:
+                break
+            committer.commit(rec)
+            committer.next_index += 1
+            progress.update()
+            if writer.num_rows - flushed_at >= cfg.flush_every:
+                save()
+                flushed_at = writer.num_rows
+            if committer.quota_grew:
+                reopen()
+        stats.stage_seconds["writing"] = stats.stage_seconds.get("writing", 0.0) + time.perf_counter() - t_write
+
     peaks = client.submit(measure_peaks, sampler_cfg, verify_cfg, dedup_cfg, cfg.kb_check,
                           key=f"peaks-{cfg.seed}-{committer.next_index}", pure=False, **submit_kw)
     peaks.add_done_callback(lambda f: _record_peaks(f, stats))
     progress = RunProgress(stats, total=cfg.n_tasks, disable=not cfg.progress, rows=lambda: writer.num_rows)
     start_index = committer.next_index
     try:
+        # The slot of every seed, from a worker's sampler (the catalog's exclusions are the device's).
+        plan = client.submit(slot_plan, sampler_cfg, verify_cfg, key=f"slots-{cfg.seed}-{committer.next_index}",
+                             pure=False, **submit_kw)
+        try:
+            committer.use_plan(plan.result())
+        except Exception as e:  # noqa: BLE001 - named in one line; the run cannot decide quotas without it
+            raise RuntimeError(f"the sampler's slot plan could not be built on a worker: {type(e).__name__}: {e}") from e
         top_up()
-        while committer.wants_more(cfg.n_tasks) and inflight and not (stop is not None and stop.is_set()):
-            f = next(ac)
-            i = next(k for k, v in inflight.items() if v is f)
-            del inflight[i]
-            try:
-                rec = f.result()
-            except Exception as e:  # KilledWorker after a second death, or a bug outside the sandbox
-                from distributed import KilledWorker
+        drain()
+        while (committer.wants_more(cfg.n_tasks) and (inflight or committer.next_index < next_submit)
+               and not (stop is not None and stop.is_set())):
+            if inflight:
+                f = next(ac)
+                i = next(k for k, v in inflight.items() if v is f)
+                del inflight[i]
+                try:
+                    rec = f.result()
+                except Exception as e:  # KilledWorker after a second death, or a bug outside the sandbox
+                    from distributed import KilledWorker
 
-                reason = "killed_worker" if isinstance(e, KilledWorker) else f"pipeline_error:{type(e).__name__}"
-                rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
-                       "evidence": str(e)[:500]}
-            done[i] = rec
-            for k, v in (rec.get("stage_s") or {}).items():
-                stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
-            if on_result is not None:
-                on_result(rec)
-            t_write = time.perf_counter()
-            while committer.next_index in done and committer.wants_more(cfg.n_tasks):
-                committer.commit(done.pop(committer.next_index))
-                committer.next_index += 1
-                progress.update()
-                if writer.num_rows - flushed_at >= cfg.flush_every:
-                    save()
-                    flushed_at = writer.num_rows
-            stats.stage_seconds["writing"] = stats.stage_seconds.get("writing", 0.0) + time.perf_counter() - t_write
+                    reason = "killed_worker" if isinstance(e, KilledWorker) else f"pipeline_error:{type(e).__name__}"
+                    rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
+                           "evidence": str(e)[:500]}
+                done[i] = rec
+                for k, v in (rec.get("stage_s") or {}).items():
+                    stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
+                if on_result is not None:
+                    on_result(rec)
+            drain()
             if committer.wants_more(cfg.n_tasks):
                 top_up()
+                drain()
         if committer.rows < cfg.n_tasks and not (stop is not None and stop.is_set()):
             log.warning("stopped after %d candidates (%d in this run) with %d/%d rows: max_candidates=%d reached",
                         committer.next_index, committer.next_index - start_index, committer.rows, cfg.n_tasks,
                         max_candidates)
+            if committer.quota is not None and committer.quota.unfilled():
+                log.warning("mixture slots below their quota: %s (a slot is given up after mixture_give_up=%d "
+                            "rejections in a row; mixture_quota=false fills without quotas)",
+                            ", ".join(f"{s} {n}/{q}" for s, (n, q) in committer.quota.unfilled().items()),
+                            cfg.mixture_give_up)
     finally:
         progress.close()
         pending = list(inflight.values()) + ([] if peaks.done() else [peaks])

@@ -56,11 +56,14 @@ def state_record(committer, stats, writer, finished: bool = False) -> dict:
     from opsynth.shards import list_shards
 
     committer.summarise_cost_model()
+    committer.summarise_quota()
     shards = [{"name": sh.path.name, "rows": pq.ParquetFile(sh.path).metadata.num_rows}
               for sh in list_shards(writer.output_dir)]
     rec = {"next_index": committer.next_index, "stats": stats.to_dict(), "examples": committer.examples,
            "ledger": [f"{seed}:{tid}" for seed, tid in committer.ledger], "shards": shards,
            "eager_over_predicted": committer.ratios, "near_edge_rows": committer.near_edge}
+    if committer.quota_state():  # given-up slots and misses in a row (the counts are the rows')
+        rec["mixture_quota"] = committer.quota_state()
     if finished:
         rec["finished"] = True
     return rec

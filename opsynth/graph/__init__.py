@@ -2,5 +2,6 @@
 
 from .opgraph import OpGraph
 from .sampler import OPS6K_MIXTURE, Resample, SampledTask, Sampler, SamplerConfig, SamplingError
+from .slots import SlotPlan, source_name
 
-__all__ = ["OpGraph", "Sampler", "SamplerConfig", "SampledTask", "SamplingError", "Resample", "OPS6K_MIXTURE"]
+__all__ = ["OpGraph", "Sampler", "SamplerConfig", "SampledTask", "SamplingError", "Resample", "OPS6K_MIXTURE", "SlotPlan", "source_name"]

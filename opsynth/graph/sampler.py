@@ -23,6 +23,7 @@ from opsynth.catalog.precision import DEFAULT_DTYPE, DEFAULT_PASS, check_pass, d
 from opsynth.catalog.transformers_seeds import config_params
 
 from .opgraph import OpGraph
+from .slots import SlotPlan
 
 # CUDA-Agent-Ops-6K's operator-count mixture (shares of rows).
 OPS6K_MIXTURE = {"1": 0.0340, "2": 0.8377, "3": 0.0762, "4": 0.0280, "5": 0.0123, "transformers": 0.0118}
@@ -155,6 +156,7 @@ class Sampler:
                 mix.pop("transformers", None)  # renormalised over the torch counts
             self._ops_by_kind[kind] = (torch_ops, tf_ops, sorted(mix.items()))
         self._torch_ops, self._tf_ops, self._mixture = self._ops_by_kind[self._kinds[0][0]]
+        self.slots = SlotPlan(tuple(self._kinds), {k: tuple(v[2]) for k, v in self._ops_by_kind.items()})
 
     # -- public ---------------------------------------------------------------------------------
     def draw_count(self, rng: random.Random) -> str:
@@ -162,19 +164,21 @@ class Sampler:
         return rng.choices(keys, weights=weights)[0]
 
     def draw_kind(self, seed: int) -> tuple[str, str]:
-        """The task's (dtype, pass), from its seed alone (an RNG of its own: the graph's draws are
-        the same whatever the kind mixture)."""
-        if len(self._kinds) == 1:
-            return self._kinds[0][0]
-        kinds, weights = zip(*self._kinds)
-        return random.Random(f"opsynth-kind:{int(seed)}").choices(kinds, weights=weights)[0]
+        """The task's (dtype, pass), from its seed alone (`SlotPlan.draw_kind`)."""
+        return self.slots.draw_kind(seed)
+
+    def draw_slot(self, seed: int) -> str:
+        """The seed's mixture slot as its row's `data_source` says it, without drawing the graph."""
+        return self.slots.slot(seed)
+
+    def slot_shares(self) -> dict[str, float]:
+        """The expected share of each slot (`SlotPlan.shares`: the configured mixture as this
+        sampler's kinds can fill it)."""
+        return self.slots.shares()
 
     def sample(self, seed: int) -> SampledTask:
-        kind = self.draw_kind(seed)
-        torch_ops, tf_ops, mixture = self._ops_by_kind[kind]  # never stored: threads share a sampler
-        rng = random.Random(seed)
-        keys, weights = zip(*mixture)
-        slot = rng.choices(keys, weights=weights)[0]
+        kind, slot, rng = self.slots.draw(seed)  # the one copy of the slot draw; rng goes on from it
+        torch_ops, tf_ops, _ = self._ops_by_kind[kind]  # never stored: threads share a sampler
         for attempt in range(1, self.cfg.max_attempts + 1):
             try:
                 with warnings.catch_warnings():

@@ -184,9 +184,30 @@ def _checks_section(stats: RunStats) -> list[str]:
                                            f"(backend `{v.get('compile_backend')}`)"), "tolerance"],
         ["no semantic duplicate", ("no two rows share a `trace_signature`: the forward's torch calls and their "
                                    "wiring, up to sizes and constants (`semantic_duplicate` otherwise)"), "exact"],
-    ]), "", ("`python -m pipelines.audit <folder or Hub id>` runs these checks, through the same code, on any "
+    ] + _quota_check(stats)), "", ("`python -m pipelines.audit <folder or Hub id>` runs these checks, through the same code, on any "
              "dataset in the Ops-6K format and writes `audit.json` and a per-row verdict Parquet.")]
     return out
+
+
+def _quota_check(stats: RunStats) -> list[list[str]]:
+    """The checks table's row for the mixture quotas (none when the run had them off)."""
+    q = stats.mixture_quota or {}
+    if not q.get("quotas"):
+        return []
+    return [["mixture quota", ("the candidate's `data_source` slot holds fewer rows than its quota, counted over the "
+                               f"rows committed before it in candidate order (`{q.get('reason')}` otherwise)"), "exact"]]
+
+
+def _quota_words(q: dict[str, Any]) -> str:
+    """How the mixture was filled by quota, and which slots were given up."""
+    words = ("Each slot was filled up to its quota: its target share of `n_tasks` (largest remainder), decided in "
+             "candidate order from the rows already committed; a candidate whose slot was full was rejected "
+             f"(`{q.get('reason')}`). The target is the sampler's expected share of each slot over its precisions and "
+             "passes.")
+    if q.get("given_up"):
+        words += (f" Given up, after {q.get('give_up_after')} of their candidates in a row were rejected (their rows "
+                  f"went to the other slots): {', '.join(f'`{g}`' for g in q['given_up'])}.")
+    return words
 
 
 def _precision_section(facts: dict[str, Any], stats: RunStats) -> list[str]:
@@ -249,10 +270,14 @@ def _body(output_dir: Path, facts: dict[str, Any], stats: RunStats, pretty_name:
     out += ["", "## Operator-count mixture", ""]
     sources = sorted(set(facts["mixture"]) | set(stats.target_mixture), key=_source_key)
     tgt_total = sum(stats.target_mixture.values()) or None
+    quotas = (stats.mixture_quota or {}).get("quotas")
+    if quotas:
+        out.append(_quota_words(stats.mixture_quota) + "\n")
     out.append(_table(
-        ["data_source", "rows", "achieved", "target"],
+        ["data_source", "rows", "achieved", "target"] + (["quota"] if quotas else []),
         [[f"`{s}`", facts["mixture"].get(s, 0), _pct(facts["mixture"].get(s, 0) / n if n else None),
           _pct(stats.target_mixture[s] / tgt_total) if s in stats.target_mixture and tgt_total else "–"]
+         + ([quotas.get(s, "–")] if quotas else [])
          for s in sources],
     ))
     out += _precision_section(facts, stats)

@@ -333,6 +333,9 @@ def write_report(
     speedup = np.asarray([e / c for e, c in pairs if c > 0], dtype=float)
     sim = _column(rows, "kb_max_similarity")
     mix = mixture(rows, stats.target_mixture)
+    for src, q in ((stats.mixture_quota or {}).get("quotas") or {}).items():  # the quotas it was filled to
+        if src in mix:
+            mix[src]["quota"] = q
     cover, unknown_ops = category_coverage(rows, stats.categories)
     rej = rejection_summary(stats, rejections)
 

@@ -154,3 +154,31 @@ def test_diversity_does_not_fall_back():
     and the admitted operators, 5,289 at the defaults (benchmarks/results/sampler_diversity.json)."""
     n = _distinct_sequences(SamplerConfig(scale=1.0), 6000)
     assert n >= 5100, n
+
+
+def test_draw_slot_is_the_slot_sample_draws(sampler):
+    """One copy of the slot draw: the generate driver asks `draw_slot` (no graph drawn) what the
+    sampler's `sample` then gives, for every seed and with a kind mixture too."""
+    mixed = Sampler(SamplerConfig(scale=0.1, passes={"forward": 0.6, "backward": 0.4}), sampler.catalog)
+    for s in (sampler, mixed):
+        for seed in range(300):
+            assert s.draw_slot(seed) == s.sample(seed).data_source, seed
+
+
+def test_slot_shares_are_the_kinds_weighted_renormalised_mixtures():
+    """A kind whose catalog has no transformers operator draws its slots over the torch counts
+    alone: the expected shares are the kind-weighted average, which the draws follow."""
+    from opsynth.graph import SlotPlan
+
+    with_tf, no_tf = ("float32", "forward"), ("bfloat16", "backward")
+    plan = SlotPlan(((no_tf, 1.0), (with_tf, 3.0)),
+                    {with_tf: (("1", 0.25), ("2", 0.25), ("transformers", 0.5)), no_tf: (("1", 0.5), ("2", 0.5))})
+    shares = plan.shares()
+    assert shares == pytest.approx({"torch#1": 0.75 * 0.25 + 0.25 * 0.5, "torch#2": 0.75 * 0.25 + 0.25 * 0.5,
+                                    "transformers#1": 0.75 * 0.5})
+    n = 20000
+    drawn = Counter(plan.slot(seed) for seed in range(n))
+    assert all(abs(drawn[s] / n - v) < 0.01 for s, v in shares.items()), drawn
+    # The default sampler's shares are the configured mixture (every slot can be filled).
+    assert Sampler(SamplerConfig(scale=0.1)).slot_shares() == pytest.approx(
+        {("transformers#1" if k == "transformers" else f"torch#{k}"): v for k, v in OPS6K_MIXTURE.items()})

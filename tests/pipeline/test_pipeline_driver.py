@@ -91,6 +91,9 @@ def _fake_peaks(sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):
 
 
 def _cfg(out, n_tasks, **kw):
+    """Without mixture quotas unless asked: these tests follow the commit order (`_expected`);
+    test_pipeline_quota.py has the quotas."""
+    kw.setdefault("mixture_quota", False)
     cfg = GenerateConfig(n_tasks=n_tasks, output_dir=str(out), kb_check=False, progress=False,
                                   write_card=False, flush_every=1, **kw)
     cfg.sampler.scale = 0.1

@@ -1,7 +1,7 @@
 """A generate run killed midway (SIGKILL of the driver) and rerun ends with exactly the rows of an
-uninterrupted run with the same seed: same tasks, same code, same order, no duplicates, with every
-timing of both runs off by a random factor of up to 25 %. The kill must not leave Dask workers or
-verifier sandboxes running, nor the output folder locked."""
+uninterrupted run with the same seed: same tasks, same code, same order, no duplicates, the same
+mixture quotas filled, with every timing of both runs off by a random factor of up to 25 %. The
+kill must not leave Dask workers or verifier sandboxes running, nor the output folder locked."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 
 import pytest
 from pipeline_cli import (FAST, NOISE, generate_cmd, kill_marked, marked_pids, run_env, run_generate,
                           start_generate, wait_gone)
 
+from opsynth.generate.quota import REASON, apportion
 from opsynth.generate.state import STATE_FILE
 from opsynth.shards import count_rows, read_rows
 from opsynth.shards.writer import LOCK_NAME
@@ -91,8 +93,13 @@ def test_killed_run_resumes_to_the_rows_of_an_uninterrupted_run(tmp_path, kernel
     # The run's counts survive the kill as well: the report equals the uninterrupted one's.
     rep_got = json.loads((killed / "report.json").read_text())["run"]
     rep_want = json.loads((ref / "report.json").read_text())["run"]
-    for key in ("accepted", "rejected", "candidates"):
+    for key in ("accepted", "rejected", "candidates", "mixture_quota"):
         assert rep_got[key] == rep_want[key], key
+    # Both filled the mixture by quota (on by default): the slots' counts are their quotas exactly, the
+    # resumed run counting the rows on disk before the kill.
+    quotas = apportion(N_TASKS, rep_want["target_mixture"])
+    assert Counter(r["data_source"] for r in read_rows(killed, columns=["data_source"])) == +Counter(quotas)
+    assert rep_want["mixture_quota"]["quotas"] == quotas and rep_want["rejected"].get(REASON, 0) > 0
     # The resumed run's card and report say what it found and what it added, counted in the files.
     assert rep_got["resumed_rows"] == rows_at_kill and rep_got["run_added_rows"] == N_TASKS - rows_at_kill
     assert rep_got["runs"] == 2 and rep_want["runs"] == 1

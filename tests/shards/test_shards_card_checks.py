@@ -38,3 +38,35 @@ def test_the_card_names_the_sizing_and_which_checks_are_exact(tmp_path, make_row
                  "| rows added by the last run | 5 |", "| wall time, last run | 1.0 min |",
                  "| wall time, all runs | 2.5 min |"):
         assert line in body, line
+
+
+def test_the_card_and_report_show_the_mixture_quotas_and_their_rejections(tmp_path, make_row):
+    """A run filled by quota: the mixture table has each slot's quota, the checks table names the
+    rule and its rejection, which the rejections table counts; the report's mixture has the quotas.
+    (Control: a run without quotas shows none of it.)"""
+    from opsynth.shards.report import write_report
+
+    with ShardWriter(tmp_path / "ds", rows_per_shard=10) as w:
+        w.write([make_row(i) for i in range(12)])  # 4 rows each of torch#1..3
+        w.finalize()
+    quota = {"quotas": {"torch#1": 4, "torch#2": 4, "torch#3": 4}, "rows": {"torch#1": 4, "torch#2": 4, "torch#3": 4},
+             "given_up": ["torch#4"], "give_up_after": 200, "reason": "mixture_slot_full"}
+    target = {"torch#1": 0.33, "torch#2": 0.33, "torch#3": 0.33, "torch#4": 0.01}
+    s = RunStats(device="cpu", config={"verify": dataclasses.asdict(VerifyConfig())}, target_mixture=target,
+                 mixture_quota=quota)
+    s.accept(12)
+    s.reject("mixture_slot_full", 7)
+    body = write_card(tmp_path / "ds", s).read_text()
+    assert "| data_source | rows | achieved | target | quota |" in body
+    assert "| `torch#2` | 4 | 33.33 % | 33.00 % | 4 |" in body and "| `torch#4` | 0 | 0.00 % | 1.00 % | – |" in body
+    assert "| mixture quota |" in body and "(`mixture_slot_full` otherwise) | exact |" in body
+    assert "| `mixture_slot_full` | 7 |" in body
+    assert "Given up, after 200 of their candidates in a row were rejected" in body and "`torch#4`" in body
+    report = write_report(tmp_path / "ds", s)
+    assert report["rows"]["mixture"]["torch#1"]["quota"] == 4
+
+    plain = RunStats(device="cpu", config={"verify": dataclasses.asdict(VerifyConfig())}, target_mixture=target)
+    plain.accept(12)
+    body = write_card(tmp_path / "ds", plain).read_text()
+    assert "| data_source | rows | achieved | target |\n" in body and "mixture quota" not in body
+    assert "quota" not in write_report(tmp_path / "ds", plain)["rows"]["mixture"]["torch#1"]
