@@ -43,6 +43,10 @@ def _time_of(times: Any, *names: str) -> float | None:
     return None
 
 
+def _inverse(ratio) -> float | None:
+    return 1.0 / float(ratio) if isinstance(ratio, (int, float)) and ratio > 0 and math.isfinite(ratio) else None
+
+
 def record_from_result(result: Any, task_id: str | None = None) -> EvalRecord:
     """An `EvalResult` of the reward environment, reduced to an `EvalRecord`."""
     times = getattr(result, "times", None) or {}
@@ -56,8 +60,10 @@ def record_from_result(result: Any, task_id: str | None = None) -> EvalRecord:
         reward=float(getattr(result, "reward", -1)),
         correct=correct,
         reason=str(getattr(result, "reason", "") or ""),
-        speedup_eager=(eager / cand) if (correct and cand and eager) else None,
-        speedup_compile=(comp / cand) if (correct and cand and comp) else None,
+        # The reward's own statistic where it has one (median over the paired, interleaved blocks):
+        # eager_ms / candidate_ms can mix a main pass with the re-measure pass the decision used.
+        speedup_eager=_inverse(times.get("eager_ratio")) or ((eager / cand) if (correct and cand and eager) else None) if correct else None,
+        speedup_compile=_inverse(times.get("compile_ratio")) or ((comp / cand) if (correct and cand and comp) else None) if correct else None,
         eager_ratio=_time_of(times, "eager_ratio") if correct else None,
         eager_ratio_lo=_time_of(times, "eager_ratio_lo") if correct else None,
         eager_ratio_hi=_time_of(times, "eager_ratio_hi") if correct else None,

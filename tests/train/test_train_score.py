@@ -92,7 +92,11 @@ def test_evaluate_mode_score_scores_a_folder_of_candidate_files(tmp_path):
     # The correct candidate was timed against eager (whether it wins by 5 % on a loaded 2-core
     # machine is noise; the rate is consistent with its speedup either way).
     assert s["geomean_speedup_eager"] > 0
-    assert s["faster_than_eager_rate"] == pytest.approx((s["geomean_speedup_eager"] > 1 / 0.95) / 3)
+    # Faster than eager is decided on the ratio's interval: a reward of 2 needs the point speedup past
+    # 1/0.95; one near the threshold may stay 1 (its interval across 0.95).
+    assert s["faster_than_eager_rate"] in (0, pytest.approx(1 / 3))
+    if s["faster_than_eager_rate"]:
+        assert s["geomean_speedup_eager"] > 1 / 0.95
     assert s["failure_reasons"].get("missing_candidate") == 1
     assert (tmp_path / "out" / "score.json").exists()
 
