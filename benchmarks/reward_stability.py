@@ -195,14 +195,14 @@ class ModelNew(nn.Module):
         self.shift = float(shift)
 
     def forward(self, x):
-        return ext.run(x, self.scale, self.shift, 1.0, 0.0, REPS)
+        return {call}
 '''
 
 
 def candidate(device: str, reps: float) -> str:
     """The candidate with `reps` extra FMAs per element (whole on CUDA; on CPU a fraction is spread over chunks)."""
     reps = float(round(reps)) if device == "cuda" else round(float(reps), 3)
-    return (CUDA_CANDIDATE if device == "cuda" else CPU_CANDIDATE) + MODEL_NEW.format(reps=reps)
+    return (CUDA_CANDIDATE if device == "cuda" else CPU_CANDIDATE) + MODEL_NEW.format(reps=reps, call="ext.run(x, self.scale, self.shift, 1.0, 0.0, REPS)")
 
 
 def reps_for(curve: list[tuple[float, float]], target_ms: float) -> tuple[float, str]:
@@ -354,23 +354,9 @@ def calibrate(args, device, task, ladder, targets, cfg, out, save) -> dict:
     return chosen
 
 
-AA_MODEL_NEW = '''
-
-
-class ModelNew(nn.Module):
-    def __init__(self, scale, shift):
-        super().__init__()
-        self.scale = float(scale)
-        self.shift = float(shift)
-
-    def forward(self, x):
-        return ext.run3(x, self.scale, self.shift)
-'''
-
-
 def aa_candidate(device: str) -> str:
     """Eager's own three passes in the candidate's extension: its true ratio to eager is about 1.0."""
-    return (CUDA_CANDIDATE if device == "cuda" else CPU_CANDIDATE) + AA_MODEL_NEW
+    return (CUDA_CANDIDATE if device == "cuda" else CPU_CANDIDATE) + MODEL_NEW.format(reps=0, call="ext.run3(x, self.scale, self.shift)")
 
 
 def _rel_sd(xs) -> float | None:

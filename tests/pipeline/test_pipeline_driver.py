@@ -29,13 +29,17 @@ N_CANDIDATES = 40
 
 @pytest.fixture(scope="module")
 def tasks():
-    """Real sampled and rendered tasks (no verification) for candidates 0..N-1 of seed 0."""
+    return sampled_tasks(SamplerConfig(scale=0.1), N_CANDIDATES)
+
+
+def sampled_tasks(sampler_cfg, n: int) -> dict:
+    """Real sampled and rendered tasks (no verification) for candidates 0..n-1 of seed 0."""
     from opsynth.catalog import load_catalog
 
     catalog = load_catalog()
-    sampler = Sampler(SamplerConfig(scale=0.1), catalog)
+    sampler = Sampler(sampler_cfg, catalog)
     out = {}
-    for i in range(N_CANDIDATES):
+    for i in range(n):
         st = sampler.sample(candidate_seed(0, i))
         code = render_task(st.graph, catalog)
         out[i] = {"st": st, "code": code, "task_id": task_id(code), "signature": st.graph.signature(),

@@ -20,11 +20,10 @@ import test_pipeline_driver as driver_tests
 
 from opsynth.dedup import DedupConfig, NearDupIndex
 from opsynth.generate import driver
-from opsynth.generate.config import GenerateConfig, candidate_seed
+from opsynth.generate.config import GenerateConfig
 from opsynth.generate.quota import REASON, MixtureQuota, apportion
 from opsynth.generate.state import STATE_FILE
-from opsynth.graph import OPS6K_MIXTURE, Sampler, SamplerConfig, source_name
-from opsynth.render import render_task, task_id
+from opsynth.graph import OPS6K_MIXTURE, SamplerConfig, source_name
 from opsynth.shards import read_rows
 
 fake = driver_tests.fake  # the stand-in, over this module's `tasks`
@@ -35,17 +34,7 @@ N_TASKS = 10  # quotas 5 and 5
 
 @pytest.fixture(scope="module")
 def tasks():
-    from opsynth.catalog import load_catalog
-
-    catalog = load_catalog()
-    sampler = Sampler(SamplerConfig(scale=0.1, mixture=dict(MIX)), catalog)
-    out = {}
-    for i in range(N_CANDIDATES):
-        st = sampler.sample(candidate_seed(0, i))
-        code = render_task(st.graph, catalog)
-        out[i] = {"st": st, "code": code, "task_id": task_id(code), "signature": st.graph.signature(),
-                  "ops": st.graph.ops(), "graph": st.graph.to_json()}
-    return out
+    return driver_tests.sampled_tasks(SamplerConfig(scale=0.1, mixture=dict(MIX)), N_CANDIDATES)
 
 
 def _passes(tasks):
