@@ -7,6 +7,8 @@ candidates are the CPU test's (tests/reward/candidates/kinds/), on the GPU tasks
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,13 @@ def results(tmp_path_factory):
     for k, r in zip(keys, out):
         print(f"{'/'.join(k):34s} {r.reward:3d} {r.reason:30s} {r.times}")
     print(f"{'control: bf16/bf16_upcast, no guard':34s} {control.reward:3d} {control.reason:30s} {control.times}")
+    if os.environ.get("OPSYNTH_KINDS_GPU_JSON"):  # the H200 run's record (benchmarks/h200_kinds.sh)
+        rows = [{"task": t, "candidate": c, "reward": r.reward, "reason": r.reason, "times": r.times,
+                 "expected_reason": CASES[(t, c)][0], "expected_rewards": sorted(CASES[(t, c)][1])}
+                for (t, c), r in zip(keys, out)]
+        rows.append({"task": "bf16", "candidate": "bf16_upcast (guard off: control)", "reward": control.reward,
+                     "reason": control.reason, "times": control.times})
+        Path(os.environ["OPSYNTH_KINDS_GPU_JSON"]).write_text(json.dumps(rows, indent=1, default=str))
     return {**dict(zip(keys, out)), "control_upcast": control}
 
 
@@ -69,4 +78,7 @@ def test_the_upcast_attack_works_without_its_guard(results):
 def test_backward_baselines_time_forward_and_backward(results):
     t = results[("backward", "backward_fast")].times
     fwd = results[("forward", "backward_torch_autograd")].times
-    assert t["eager_ms"] > fwd["eager_ms"] and t["compile_ms"] is not None  # the same Model: backward costs more
+    assert t["eager_ms"] > fwd["eager_ms"]  # the same Model: forward plus gradients costs more than forward
+    # torch.compile is timed only once a candidate clearly beats eager (it decides nothing before),
+    # so a backward candidate slower than eager has the cache's figure or none
+    assert t["compile_ms"] is not None or t["eager_ratio"] > 0.95
