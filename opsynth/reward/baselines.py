@@ -26,6 +26,8 @@ decides as stored, without fresh blocks (the behaviour before; tests use it as t
 
 from __future__ import annotations
 
+import time
+
 import queue
 import secrets
 from collections import OrderedDict
@@ -250,6 +252,8 @@ class Pacer:
         self._state = threading.Lock()
         self.locked = False
         self.closed = False
+        self.blocks_s = 0.0  # wall time of the baseline blocks (inside the candidate's locked window)
+        self.compile_wait_s = 0.0  # waiting for the compile child (lock released meanwhile)
 
     # -- the child's requests ------------------------------------------------------------------
 
@@ -340,6 +344,13 @@ class Pacer:
             return
         from opsynth.reward import quiet
 
+        t0 = time.perf_counter()
+        try:
+            self._run_blocks(quiet, kinds)
+        finally:
+            self.blocks_s += time.perf_counter() - t0
+
+    def _run_blocks(self, quiet, kinds: set) -> None:
         with quiet.paused(self.pid):
             for kind in [k for k in self.active if k in kinds]:
                 srv = self.baselines.server(kind)
@@ -358,6 +369,7 @@ class Pacer:
         from opsynth.reward import quiet
 
         srv = self.baselines.server("compile")
+        t0 = time.perf_counter()
         with quiet.paused(self.pid):
             self._window.close()
             self._lock.close()
@@ -367,6 +379,7 @@ class Pacer:
             except BaselineFailed as e:
                 self.failed = str(e)
             finally:
+                self.compile_wait_s += time.perf_counter() - t0
                 self._take_lock()
                 self._window.enter_context(_quiet_window())
         if self.failed:

@@ -572,6 +572,7 @@ def measure(job) -> dict:
         t1 = time.perf_counter()
         with torch.no_grad():
             contents, buffers, trial_outs, second_outs = checked_trials(ctx, job, data)
+            t_trials = time.perf_counter()
             # The candidate's own code must have run: counted extension calls, or on CUDA its kernels.
             launched = tracker.calls > 0
             kernels: list[str] = []
@@ -581,9 +582,15 @@ def measure(job) -> dict:
                 launched = bool(kernels)
             if not launched:
                 raise Reject("kernel_not_launched", f"no call into the candidate's compiled code during forward (extensions: {tracker.modules})")
+            t_profiled = time.perf_counter()
             kept, timed_calls = timed_rounds(ctx, job, buffers, contents)
             lock.close()
-            info["locked_s"] = round(time.perf_counter() - t1, 3)
+            t_end = time.perf_counter()
+            info["locked_s"] = round(t_end - t1, 3)
+            # parts of locked_s: the checked trials, the profiled call, the timed rounds (with the
+            # parent's baseline blocks between them)
+            info["trials_s"], info["profiled_s"] = round(t_trials - t1, 3), round(t_profiled - t_trials, 3)
+            info["rounds_s"] = round(t_end - t_profiled, 3)
             info["timed_calls"] = timed_calls
             print(f"[candidate] setup {t_setup:.2f} s, checks and timing {info['locked_s']:.2f} s", flush=True)
         ctx.save({"trials": trial_outs, "second": second_outs, "rounds_kept": kept, "trial_reused": ctx.reused[:len(trial_outs)]}, job["outputs_path"])

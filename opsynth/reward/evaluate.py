@@ -251,9 +251,12 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["build_s"] = res.data.get("build_s")
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
     times["locked_s"] = res.data.get("locked_s")  # checks, profiler and timing (holding the device lock)
-    for k in ("cuda_init_s", "profiler_init_s"):  # parts of setup_s
+    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "rounds_s"):  # parts of setup_s and locked_s
         if res.data.get(k) is not None:
             times[k] = res.data[k]
+    times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
+    if pacer.compile_wait_s:
+        times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
     import torch
 
     t_judge = time.perf_counter()
