@@ -36,7 +36,7 @@ from opsynth.generate import state as statefile
 from opsynth.generate.candidate import measure_peaks, process_candidate, slot_plan
 from opsynth.generate.config import SEED_STRIDE, GenerateConfig, candidate_seed, describe_run, plain
 from opsynth.generate.quota import REASON as SLOT_FULL
-from opsynth.generate.quota import MixtureQuota
+from opsynth.generate.quota import AXES, SLOT_AXIS, MixtureQuotas
 from opsynth.generate.state import DatasetFolderError, read_ledger, rows_with_ids
 
 log = logging.getLogger("opsynth.generate")
@@ -63,17 +63,17 @@ class _Committer:
         self.neardup = NearDupIndex.from_config(cfg.dedup)  # float32 forward's
         self._neardup_by_kind = {("float32", "forward"): self.neardup}
         self.semantic = SemanticDupIndex()
-        on_disk, self._source_of = [], {}
+        on_disk, self._values_of = [], {}
         for row in iter_rows(cfg.output_dir, columns=["task_id", "code", "graph", "seed", "trace_signature",
                                                       "dtype", "task_pass", "data_source"]):
             self._neardup_for(row).add(row["task_id"], row["code"], signature=OpGraph.from_json(row["graph"]).signature())
             self.semantic.add(row["task_id"], row["trace_signature"])
             on_disk.append((int(row["seed"]), row["task_id"]))
-            self._source_of[row["task_id"]] = row["data_source"]
+            self._values_of[row["task_id"]] = {axis: row[axis] for axis in AXES}
         # The mixture quotas start with the sampler's slot plan (`use_plan`, from a worker).
         self.plan = None
-        self.quota: MixtureQuota | None = None
-        self.quota_grew = False  # a slot was given up: the live slots' quotas grew
+        self.quota: MixtureQuotas | None = None
+        self.quota_grew = False  # a value was given up: the live values' quotas on its axis grew
         self._quota_state = dict(state.get("mixture_quota") or {})
         self._slot_mismatch_warned = False
         self.next_index = int(state.get("next_index", 0))
@@ -94,29 +94,30 @@ class _Committer:
 
     def use_plan(self, plan) -> None:
         """The sampler's `SlotPlan`: the target is its effective shares, and with
-        `mixture_quota=true` each slot's quota comes from them; the counts are the `data_source`
-        of the rows committed so far (read from the shards), so a resumed run decides as before."""
+        `mixture_quota=true` each slot's, precision's and pass's quota comes from them; the counts
+        are the `data_source`, `dtype` and `task_pass` of the rows committed so far (read from the
+        shards), so a resumed run decides as before."""
         from collections import Counter
 
         self.plan = plan
         self.stats.target_mixture = plan.shares()
         if self.cfg.mixture_quota:
-            counts = Counter(self._source_of[tid] for _, tid in self.ledger if tid in self._source_of)
-            self.quota = MixtureQuota(self.cfg.n_tasks, plan.shares(), counts, give_up=self.cfg.mixture_give_up,
-                                      misses=self._quota_state.get("misses"), given_up=self._quota_state.get("given_up"))
+            held = [self._values_of[tid] for _, tid in self.ledger if tid in self._values_of]
+            counts = {axis: Counter(v[axis] for v in held) for axis in AXES}
+            self.quota = MixtureQuotas(self.cfg.n_tasks, {SLOT_AXIS: plan.shares(), **plan.kind_shares()}, counts,
+                                       give_up=self.cfg.mixture_give_up, state=self._quota_state)
             self.summarise_quota()
-        self._source_of = {}
+        self._values_of = {}
 
-    def full_slot(self, seed: int) -> str | None:
-        """The slot of the candidate of `seed` when it holds its quota, else None (counts only grow,
-        and a full slot's quota grows only when another slot is given up)."""
+    def full_value(self, seed: int) -> tuple[str, str] | None:
+        """(axis, value) of the candidate of `seed` that holds its quota, else None (counts only
+        grow, and a full value's quota grows only when another value of its axis is given up)."""
         if self.quota is None:
             return None
-        slot = self.plan.slot(seed)
-        return slot if self.quota.full(slot) else None
+        return self.quota.full(self.plan.values(seed))
 
-    def slot_full(self, seed: int) -> bool:
-        return self.full_slot(seed) is not None
+    def value_full(self, seed: int) -> bool:
+        return self.full_value(seed) is not None
 
     def quota_state(self) -> dict:
         """What the state file keeps of the quotas (a run stopped before its plan came keeps the
@@ -162,11 +163,13 @@ class _Committer:
             self._count_accepted(rec, row)
             return
         reason = rec.get("reason")
-        slot = self.plan.slot(rec["seed"]) if self.quota is not None else None
-        if slot is not None and self.quota.full(slot):
+        values = self.plan.values(rec["seed"]) if self.quota is not None else None
+        full = self.quota.full(values) if values is not None else None
+        if full is not None:
             # Whatever the worker said (and whether it ran at all: the driver skips such candidates
-            # at submit), so that the counts do not depend on when the slot filled.
-            reason, rec["evidence"] = SLOT_FULL, {"slot": slot, "quota": self.quota.quotas.get(slot, 0)}
+            # at submit), so that the counts do not depend on when the value filled.
+            axis, value = full
+            reason, rec["evidence"] = SLOT_FULL, {"axis": axis, "value": value, "quota": self.quota.quota(axis, value)}
         elif rec["accepted"]:
             from opsynth.dedup.semantic import REASON as SEMANTIC
 
@@ -183,11 +186,15 @@ class _Committer:
             else:
                 self.semantic.add(row["task_id"], row["trace_signature"])
         if reason:
-            if slot is not None and reason != SLOT_FULL and self.quota.note(slot, accepted=False):
+            gave = self.quota.note(values, accepted=False) if values is not None and reason != SLOT_FULL else None
+            if gave is not None:
                 self.quota_grew = True
-                log.warning("mixture slot %s given up after %d committed candidates in a row were rejected (%d/%d "
-                            "rows); its rows go to the other slots: quotas now %s", slot, self.quota.give_up,
-                            self.quota.counts[slot], self.quota.n_tasks, self.quota.quotas)
+                axis, value = gave
+                q = self.quota.axes[axis]
+                log.warning("mixture %s %s given up after %d committed candidates in a row carrying it were rejected "
+                            "(%d/%d rows); its rows go to the other %s: quotas now %s",
+                            "slot" if axis == SLOT_AXIS else axis, value, q.give_up, q.counts[value], q.n_tasks,
+                            "slots" if axis == SLOT_AXIS else f"{axis} values", q.quotas)
             self.stats.reject(reason)
             if sum(1 for e in self.examples if e["reason"] == reason) < 3:
                 self.examples.append({"reason": reason, "index": rec["index"], "seed": rec["seed"],
@@ -217,12 +224,13 @@ class _Committer:
             self.near_edge += 1  # a timing 25 % off could have rejected it
         self.stats.accept()
         if self.quota is not None:
-            if row["data_source"] != self.plan.slot(row["seed"]) and not self._slot_mismatch_warned:
+            values = {axis: row[axis] for axis in AXES}
+            planned = self.plan.values(row["seed"])
+            if values != planned and not self._slot_mismatch_warned:
                 self._slot_mismatch_warned = True  # the workers' samplers differ from the one the plan came from
-                log.warning("seed %s: its row says data_source=%s, the slot plan %s (workers with other catalogs or "
-                            "devices?); quotas count the rows' data_source", row["seed"], row["data_source"],
-                            self.plan.slot(row["seed"]))
-            self.quota.note(row["data_source"], accepted=True)
+                log.warning("seed %s: its row says %s, the slot plan %s (workers with other catalogs or devices?); "
+                            "quotas count the rows' columns", row["seed"], values, planned)
+            self.quota.note(values, accepted=True)
         for op in row["ops"]:
             self.stats.categories.setdefault(op, "")
         if rec.get("calib_steps") is not None:
@@ -394,10 +402,10 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     submit_kw = {"resources": {"GPU": 1}} if handle.gpu_resource else {}
     inflight: dict[int, Any] = {}
     done: dict[int, dict] = {}
-    # Candidates not sent to a worker because their slot held its quota when they came up: committed
-    # as `mixture_slot_full`, as they would be after running (counts only grow); sent after all if
-    # a given-up slot made room in theirs before their turn to commit.
-    skipped: dict[int, str] = {}
+    # Candidates not sent to a worker because a value of theirs (slot, precision or pass) held its
+    # quota when they came up: committed as `mixture_slot_full`, as they would be after running
+    # (counts only grow); sent after all if a given-up value made room before their turn to commit.
+    skipped: dict[int, tuple[str, str]] = {}
     next_submit = committer.next_index
     flushed_at = writer.num_rows
     ac = as_completed()
@@ -421,18 +429,18 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         while len(inflight) < target_in_flight() and next_submit < max_candidates:
             i = next_submit
             next_submit += 1
-            slot = committer.full_slot(candidate_seed(cfg.seed, i))
-            if slot is not None:
-                skipped[i] = slot
+            full = committer.full_value(candidate_seed(cfg.seed, i))
+            if full is not None:
+                skipped[i] = full
             else:
                 submit(i)
 
     def reopen() -> None:
-        """A slot was given up and the others' quotas grew: send the skipped candidates of slots
-        that have room again (they are committed only once their results are in)."""
+        """A value was given up and its axis' others' quotas grew: send the skipped candidates that
+        have room again on every axis (they are committed only once their results are in)."""
         committer.quota_grew = False
         for i in sorted(skipped):
-            if not committer.slot_full(candidate_seed(cfg.seed, i)):
+            if not committer.value_full(candidate_seed(cfg.seed, i)):
                 del skipped[i]
                 submit(i)
 
@@ -448,13 +456,13 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         t_write = time.perf_counter()
         while committer.wants_more(cfg.n_tasks):
             i = committer.next_index
-            if i in skipped and not committer.slot_full(candidate_seed(cfg.seed, i)):
+            if i in skipped and not committer.value_full(candidate_seed(cfg.seed, i)):
                 del skipped[i]  # its slot has room again (reopen() missed none; this is the guard)
                 submit(i)
             if i in skipped:
-                slot = skipped.pop(i)
+                axis, value = skipped.pop(i)
                 rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": SLOT_FULL,
-                       "row": None, "evidence": {"slot": slot, "skipped": True}}
+                       "row": None, "evidence": {"axis": axis, "value": value, "skipped": True}}
             elif i in done:
                 rec = done.pop(i)
             else:
@@ -512,8 +520,8 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                         committer.next_index, committer.next_index - start_index, committer.rows, cfg.n_tasks,
                         max_candidates)
             if committer.quota is not None and committer.quota.unfilled():
-                log.warning("mixture slots below their quota: %s (a slot is given up after mixture_give_up=%d "
-                            "rejections in a row; mixture_quota=false fills without quotas)",
+                log.warning("mixture slots below their quota: %s (a slot, precision or pass is given up after "
+                            "mixture_give_up=%d rejections in a row; mixture_quota=false fills without quotas)",
                             ", ".join(f"{s} {n}/{q}" for s, (n, q) in committer.quota.unfilled().items()),
                             cfg.mixture_give_up)
     finally:

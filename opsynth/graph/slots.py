@@ -63,3 +63,20 @@ class SlotPlan:
             for key, w in mix:
                 out[source_name(key)] = out.get(source_name(key), 0.0) + wk / total * w / msum
         return out
+
+    def kind_shares(self) -> dict[str, dict[str, float]]:
+        """Expected share of each precision and each pass over seeds ({"dtype": {name: share},
+        "task_pass": {...}}, named as the row columns are): the marginals of the kind weights, over
+        the kinds that can fill a slot (as `shares`: another kind's seeds give no task)."""
+        live = [(kind, w) for kind, w in self.kinds if sum(x for _, x in self.mixtures[kind]) > 0]
+        total = sum(w for _, w in live)
+        out: dict[str, dict[str, float]] = {"dtype": {}, "task_pass": {}}
+        for (dtype, task_pass), w in live:
+            out["dtype"][dtype] = out["dtype"].get(dtype, 0.0) + w / total
+            out["task_pass"][task_pass] = out["task_pass"].get(task_pass, 0.0) + w / total
+        return out
+
+    def values(self, seed: int) -> dict[str, str]:
+        """The seed's value on each quota axis, named as its row's columns say it."""
+        (dtype, task_pass), key, _ = self.draw(seed)
+        return {"data_source": source_name(key), "dtype": dtype, "task_pass": task_pass}
