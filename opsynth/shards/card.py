@@ -194,7 +194,9 @@ def _quota_check(stats: RunStats) -> list[list[str]]:
     q = stats.mixture_quota or {}
     if not q.get("quotas"):
         return []
-    return [["mixture quota", ("the candidate's `data_source` slot holds fewer rows than its quota, counted over the "
+    axes = ["`data_source` slot"] + [f"`{a}`" for a in q.get("axes") or {}]
+    what = axes[0] if len(axes) == 1 else ", ".join(axes[:-1]) + " and " + axes[-1] + " each"
+    return [["mixture quota", (f"the candidate's {what} holds fewer rows than its quota, counted over the "
                                f"rows committed before it in candidate order (`{q.get('reason')}` otherwise)"), "exact"]]
 
 
@@ -207,7 +209,22 @@ def _quota_words(q: dict[str, Any]) -> str:
     if q.get("given_up"):
         words += (f" Given up, after {q.get('give_up_after')} of their candidates in a row were rejected (their rows "
                   f"went to the other slots): {', '.join(f'`{g}`' for g in q['given_up'])}.")
+    if q.get("axes"):
+        words += (" The precision and pass mixture was filled the same way, each value of "
+                  f"{' and '.join(f'`{a}`' for a in q['axes'])} up to its own quota (see Precisions and passes).")
     return words
+
+
+def _axis_quota_table(q: dict[str, Any]) -> list[str]:
+    """Each quota axis' values but the slot's: rows held and quota (none when the run had no such axis)."""
+    axes = q.get("axes") or {}
+    if not axes:
+        return []
+    rows = [[f"`{axis}`", f"`{v}`", a.get("rows", {}).get(v, 0), quota, "yes" if v in (a.get("given_up") or []) else ""]
+            for axis, a in axes.items() for v, quota in (a.get("quotas") or {}).items()]
+    return ["", (f"Quotas by precision and pass (a value given up after {q.get('give_up_after')} of its candidates in "
+                 f"a row were rejected holds what it had; its rows went to its axis' other values):"), "",
+            _table(["axis", "value", "rows", "quota", "given up"], rows)]
 
 
 def _precision_section(facts: dict[str, Any], stats: RunStats) -> list[str]:
@@ -224,6 +241,7 @@ def _precision_section(facts: dict[str, Any], stats: RunStats) -> list[str]:
     kinds = sorted(facts.get("kinds", {}).items())
     out.append(_table(["dtype", "task_pass", "rows", "share"],
                       [[f"`{d}`", f"`{t}`", c, _pct(c / n if n else None)] for (d, t), c in kinds]))
+    out += _axis_quota_table(stats.mixture_quota or {})
     if dtypes:
         out += ["", _table(["dtype", "target share", "atol", "rtol", "determinism atol", "determinism rtol"],
                            [[f"`{d}`", _pct(v.get("target")), v.get("atol"), v.get("rtol"), v.get("det_atol"),

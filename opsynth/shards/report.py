@@ -114,6 +114,17 @@ def by_kind(rows: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
                 "compile_ms": summarize(r["compile_ms"] for r in g)} for k, g in sorted(groups.items())}
 
 
+def kind_mixture(rows: list[Mapping[str, Any]], quota: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """For each quota axis but the slot's (`dtype`, `task_pass`, when the run had more than one
+    value): value -> rows in the folder and the quota it was filled to; {} without such axes."""
+    out = {}
+    for axis, q in (quota.get("axes") or {}).items():
+        counts = Counter(r.get(axis) for r in rows)
+        out[axis] = {v: {"rows": counts.get(v, 0), "quota": n, "given_up": v in (q.get("given_up") or [])}
+                     for v, n in (q.get("quotas") or {}).items()}
+    return out
+
+
 def _clip(v: Any) -> Any:
     if isinstance(v, str) and len(v) > _MAX_EXAMPLE_CHARS:
         return v[:_MAX_EXAMPLE_CHARS] + "…"
@@ -336,6 +347,7 @@ def write_report(
     for src, q in ((stats.mixture_quota or {}).get("quotas") or {}).items():  # the quotas it was filled to
         if src in mix:
             mix[src]["quota"] = q
+    kind_mix = kind_mixture(rows, stats.mixture_quota or {})
     cover, unknown_ops = category_coverage(rows, stats.categories)
     rej = rejection_summary(stats, rejections)
 
@@ -371,6 +383,7 @@ def write_report(
             "kb_max_similarity": summarize(sim),
             "diversity": diversity(rows, signature_of),
             "by_kind": by_kind(rows),
+            **({"kind_mixture": kind_mix} if kind_mix else {}),
         },
         "rejections": rej,
         "plots": {k: f"{PLOTS_DIR}/{v}" for k, v in plots.items()},

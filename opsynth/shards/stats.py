@@ -66,9 +66,10 @@ class RunStats:
     # Precisions and passes: {"dtypes": {name: {target, atol, rtol, det_atol, det_rtol}}, "passes":
     # {name: target}, "backward_loss": words}; the card prints them with the rows' counts.
     precisions: dict[str, Any] = field(default_factory=dict)
-    # The mixture quotas (`opsynth.generate.quota.MixtureQuota.summary`): {"quotas": slot -> rows
+    # The mixture quotas (`opsynth.generate.quota.MixtureQuotas.summary`): {"quotas": slot -> rows
     # allowed, "rows": slot -> rows held, "given_up": slots given up, "give_up_after": misses, "reason":
-    # the rejection's name}; {} when off.
+    # the rejection's name, and, when the precision or pass mixture has more than one value, "axes":
+    # {"dtype" or "task_pass": {"quotas", "rows", "given_up"}}}; {} when off.
     mixture_quota: dict[str, Any] = field(default_factory=dict)
 
     def accept(self, n: int = 1) -> None:

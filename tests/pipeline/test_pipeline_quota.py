@@ -4,9 +4,14 @@ in candidate order, so a resumed run ends with the rows of an uninterrupted one;
 passes is given up (its rows go to the others), or, with give-up off, the run stops at
 max_candidates naming it.
 
+The precision (`dtype`) and pass (`task_pass`) have quotas of their own, on the same rule: a
+candidate with any full value is rejected, a value that never passes is given up, and a
+combination that never passes (bf16 backward) cannot stall the run.
+
 The driver runs against the stand-in candidate processing of test_pipeline_driver.py (in-process
 Dask, no sandboxes), over candidates sampled with a two-slot mixture: `torch#1` always passes,
-`torch#2` one candidate in three."""
+`torch#2` one candidate in three (the `kinds` tests: also half fp32 and bf16, half forward and
+backward, bf16 and backward passing less often)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import test_pipeline_driver as driver_tests
 from opsynth.dedup import DedupConfig, NearDupIndex
 from opsynth.generate import driver
 from opsynth.generate.config import GenerateConfig
-from opsynth.generate.quota import REASON, MixtureQuota, apportion
+from opsynth.generate.quota import AXES, REASON, MixtureQuota, MixtureQuotas, apportion
 from opsynth.generate.state import STATE_FILE
 from opsynth.graph import OPS6K_MIXTURE, SamplerConfig, source_name
 from opsynth.shards import read_rows
@@ -32,8 +37,16 @@ N_CANDIDATES = 90
 N_TASKS = 10  # quotas 5 and 5
 
 
+KINDS = {"dtypes": {"fp32": 0.5, "bf16": 0.5}, "passes": {"forward": 0.5, "backward": 0.5}}
+N_KIND_CANDIDATES = 120
+N_KIND_TASKS = 12  # quotas 6 and 6 on every axis
+
+
 @pytest.fixture(scope="module")
-def tasks():
+def tasks(request):
+    """The candidates; `@pytest.mark.parametrize("tasks", ["kinds"], indirect=True)`: with KINDS."""
+    if getattr(request, "param", None) == "kinds":
+        return driver_tests.sampled_tasks(SamplerConfig(scale=0.1, mixture=dict(MIX), **KINDS), N_KIND_CANDIDATES)
     return driver_tests.sampled_tasks(SamplerConfig(scale=0.1, mixture=dict(MIX)), N_CANDIDATES)
 
 
@@ -115,6 +128,79 @@ def test_a_given_up_slot_keeps_its_rows_and_the_live_slots_share_the_rest():
     again = MixtureQuota(100, q.shares, counts=q.counts, give_up=3, **q.to_state())
     assert again.quotas == q.quotas and again.given_up == ["c"]
     assert MixtureQuota(10, {"a": 1.0}, give_up=0).note("a", False) is False  # give_up=0: never
+    one = MixtureQuota(10, {"a": 1.0}, give_up=2)  # an axis' last live value: its rows have nowhere to go
+    assert [one.note("a", False) for _ in range(5)] == [False] * 5 and one.given_up == [] and one.quotas == {"a": 10}
+
+
+def test_an_axis_with_one_value_has_no_quota_and_the_slots_decide_as_before():
+    """The default (fp32 forward only): the multi-axis quotas are the slot quotas alone, note for note,
+    and what the state and summary carry is what they carried before the other axes."""
+    import random
+
+    shares = {"torch#1": 0.5, "torch#2": 0.3, "torch#3": 0.2}
+    multi = MixtureQuotas(50, {"data_source": shares, "dtype": {"float32": 1.0}, "task_pass": {"forward": 1.0}},
+                          give_up=3)
+    alone = MixtureQuota(50, shares, give_up=3)
+    assert list(multi.axes) == ["data_source"]
+    rng = random.Random(0)
+    for _ in range(300):
+        v = {"data_source": rng.choice(list(shares)), "dtype": "float32", "task_pass": "forward"}
+        assert (multi.full(v) is not None) == alone.full(v["data_source"])
+        if alone.full(v["data_source"]):
+            continue
+        ok = rng.random() < (0.9 if v["data_source"] == "torch#1" else 0.2)
+        gave = multi.note(v, ok)
+        assert (gave is not None) == alone.note(v["data_source"], ok)
+    assert alone.given_up and multi.slot.quotas == alone.quotas and multi.slot.counts == alone.counts
+    assert multi.to_state() == alone.to_state() and "axes" not in multi.summary()
+    assert multi.summary() == {**alone.summary(), "give_up_after": 3, "reason": REASON}
+
+
+def test_the_state_carries_every_axis_and_an_old_state_is_the_slot_axis():
+    shares = {"data_source": {"torch#1": 0.5, "torch#2": 0.5}, "dtype": {"float32": 0.5, "bfloat16": 0.5},
+              "task_pass": {"forward": 0.75, "backward": 0.25}}
+    old = MixtureQuotas(8, shares, state={"misses": {"torch#2": 2}, "given_up": ["torch#2"]}, give_up=5)
+    assert old.slot.given_up == ["torch#2"] and old.slot.misses["torch#2"] == 2
+    assert old.axes["dtype"].given_up == [] and old.axes["task_pass"].quotas == {"forward": 6, "backward": 2}
+    counts = {"data_source": Counter({"torch#1": 3}), "dtype": Counter({"float32": 2, "bfloat16": 1}),
+              "task_pass": Counter({"forward": 3})}
+    shares["data_source"] = {"torch#1": 1.0}  # one slot: never given up, so the dtype axis is
+    q = MixtureQuotas(8, shares, counts, give_up=2)
+    v = {"data_source": "torch#1", "dtype": "bfloat16", "task_pass": "backward"}
+    assert q.note(v, False) is None and q.note(v, False) == ("dtype", "bfloat16")
+    again = MixtureQuotas(8, shares, counts, give_up=2, state=json.loads(json.dumps(q.to_state())))
+    assert again.summary() == q.summary() and again.axes["dtype"].quotas == {"float32": 7, "bfloat16": 1}
+    assert q.to_state()["axes"]["task_pass"]["misses"] == {"backward": 2}
+
+
+def test_at_most_one_value_is_given_up_per_candidate():
+    """A combination that never passes misses its values together: giving them all up at once would
+    drop backward's quota too, though fp32 backward could fill it once bf16 is given up."""
+    shares = {"data_source": {"torch#1": 1.0}, "dtype": {"float32": 0.5, "bfloat16": 0.5},
+              "task_pass": {"forward": 0.5, "backward": 0.5}}
+    q = MixtureQuotas(4, shares, {"dtype": Counter({"float32": 2}), "task_pass": Counter({"forward": 2})}, give_up=2)
+    dead = {"data_source": "torch#1", "dtype": "bfloat16", "task_pass": "backward"}
+    assert q.full({**dead, "dtype": "float32"}) == ("dtype", "float32")  # only bf16 backward can commit
+    assert q.note(dead, False) is None and q.note(dead, False) == ("dtype", "bfloat16")
+    assert q.axes["task_pass"].given_up == [] and q.axes["task_pass"].misses["backward"] == 2
+    assert q.full({**dead, "dtype": "float32"}) is None  # fp32 backward fills backward now
+    assert q.note({**dead, "dtype": "float32"}, True) is None and q.axes["task_pass"].misses["backward"] == 0
+    assert q.unfilled() == {"dtype=float32": (3, 4), "task_pass=backward": (1, 2), "torch#1": (1, 4)}
+
+
+def test_the_plan_gives_the_precision_and_pass_shares_and_each_seed_its_values():
+    from opsynth.graph import Sampler
+
+    sampler = Sampler(SamplerConfig(scale=0.1, dtypes={"fp32": 0.4, "bf16": 0.4, "fp16": 0.2},
+                                    passes={"forward": 0.75, "backward": 0.25}))
+    shares = sampler.slots.kind_shares()
+    assert shares["dtype"] == pytest.approx({"float32": 0.4, "bfloat16": 0.4, "float16": 0.2})
+    assert shares["task_pass"] == pytest.approx({"forward": 0.75, "backward": 0.25})
+    drawn = Counter(sampler.slots.values(s)["dtype"] for s in range(4000))
+    assert abs(drawn["float16"] / 4000 - 0.2) < 0.02
+    for seed in range(12):
+        st = sampler.sample(seed)
+        assert sampler.slots.values(seed) == {"data_source": st.data_source, "dtype": st.dtype, "task_pass": st.task_pass}
 
 
 # -- the driver ------------------------------------------------------------------------------------
@@ -127,6 +213,9 @@ def test_a_slot_that_passes_more_often_ends_at_its_quota(tmp_path, tasks, fake):
     assert _sources(tmp_path / "quota") == {"torch#1": 5, "torch#2": 5}
     assert summary["rejected"][REASON] == rejected[REASON] and summary["candidates"] == next_index
     assert summary["mixture_quota"]["quotas"] == {"torch#1": 5, "torch#2": 5}
+    # fp32 forward only: the slots alone have quotas (no other axis in the summary or the state).
+    assert "axes" not in summary["mixture_quota"]
+    assert set(json.loads((tmp_path / "quota" / STATE_FILE).read_text())["mixture_quota"]) == {"misses", "given_up"}
     assert summary["target_mixture"] == {"torch#1": 0.5, "torch#2": 0.5}
     # Candidates of a full slot were not sent to a worker (the outcome is the same, the work is not).
     assert len(fake.calls()) < next_index
@@ -227,3 +316,173 @@ def test_rows_on_disk_ahead_of_the_state_count_toward_their_slot_once(tmp_path, 
     assert read_rows(crashed, columns=["task_id"]) == read_rows(ref, columns=["task_id"])
     for key in ("accepted", "rejected", "candidates", "mixture_quota"):
         assert got[key] == want[key], key
+
+
+# -- the precision and pass axes ------------------------------------------------------------------
+
+KIND_SHARES = {"data_source": {"torch#1": 0.5, "torch#2": 0.5}, "dtype": {"bfloat16": 0.5, "float32": 0.5},
+               "task_pass": {"backward": 0.5, "forward": 0.5}}
+
+
+def _values(t) -> dict:
+    return {"data_source": t["st"].data_source, "dtype": t["st"].dtype, "task_pass": t["st"].task_pass}
+
+
+def _kind_passes(tasks):
+    """fp32 forward always passes; bf16 two candidates in three, backward one in two (bf16 backward
+    one in three): left alone, the rows lean to fp32 and forward."""
+    return lambda i: ((tasks[i]["st"].dtype == "float32" or i % 3 != 1)
+                      and (tasks[i]["st"].task_pass == "forward" or i % 2 == 0))
+
+
+def _kind_cfg(out, **kw):
+    kw.setdefault("n_tasks", N_KIND_TASKS)
+    kw.setdefault("max_candidates", N_KIND_CANDIDATES)
+    cfg = _cfg(out, **kw)
+    cfg.sampler.dtypes, cfg.sampler.passes = dict(KINDS["dtypes"]), dict(KINDS["passes"])
+    return cfg
+
+
+def _expected_axes(tasks, accept, quota=True, give_up=0, n_tasks=N_KIND_TASKS):
+    """The rule on three axes, written out: candidates in order; one with a value (slot, dtype or
+    pass) at its quota is `mixture_slot_full`; the rest by verdict, then dedup (the same trace
+    signature in any kind, a near-duplicate in the same kind). A rejected candidate is a miss for
+    each of its values; the first axis whose value has `give_up` misses in a row, is not full and
+    is not its axis' last live value gives it up: it keeps its rows, its axis' live values share
+    the rest. Returns (rows, rejections, candidates committed, final quotas)."""
+    quotas = {a: apportion(n_tasks, KIND_SHARES[a]) for a in AXES} if quota else None
+    rows, rejected, seen, neardup = [], Counter(), set(), {}
+    held, misses, dead = {a: Counter() for a in AXES}, {a: Counter() for a in AXES}, {a: set() for a in AXES}
+    for i in range(N_KIND_CANDIDATES):
+        t, v = tasks[i], _values(tasks[i])
+        if quota and any(held[a][v[a]] >= quotas[a][v[a]] for a in AXES):
+            rejected[REASON] += 1
+            continue
+        near = neardup.setdefault((v["dtype"], v["task_pass"]), NearDupIndex.from_config(DedupConfig()))
+        ok = accept(i) and t["signature"] not in seen and near.add(t["task_id"], t["code"], signature=t["signature"]) is None
+        if ok:
+            seen.add(t["signature"])
+            rows.append(t["task_id"])
+            for a in AXES:
+                held[a][v[a]] += 1
+                misses[a][v[a]] = 0
+            if len(rows) == n_tasks:
+                return rows, rejected, i + 1, quotas
+            continue
+        rejected["other"] += 1
+        for a in AXES:
+            misses[a][v[a]] += 1
+        for a in AXES if quota and give_up else ():
+            x = v[a]
+            others = [y for y in quotas[a] if y not in dead[a] and y != x]
+            if misses[a][x] >= give_up and x not in dead[a] and held[a][x] < quotas[a][x] and others:
+                dead[a].add(x)
+                quotas[a][x] = held[a][x]
+                seats = apportion(n_tasks - sum(quotas[a][d] for d in dead[a]), {y: KIND_SHARES[a][y] for y in others})
+                for y, q in seats.items():
+                    quotas[a][y] = max(quotas[a][y], q)
+                break
+    return rows, rejected, N_KIND_CANDIDATES, quotas
+
+
+def _kinds(out):
+    rows = read_rows(out, columns=list(AXES))
+    return {a: Counter(r[a] for r in rows) for a in AXES}
+
+
+KINDS_TASKS = pytest.mark.parametrize("tasks", ["kinds"], indirect=True)
+
+
+@KINDS_TASKS
+def test_a_precision_and_pass_mixture_ends_at_each_axis_quota(tmp_path, tasks, fake):
+    accept = fake.accept = _kind_passes(tasks)
+    want, rejected, next_index, _ = _expected_axes(tasks, accept)
+    summary = driver_tests._run_with_deadline(_kind_cfg(tmp_path / "quota"))
+    assert [r["task_id"] for r in read_rows(tmp_path / "quota", columns=["task_id"])] == want
+    assert _kinds(tmp_path / "quota") == {a: Counter({v: 6 for v in KIND_SHARES[a]}) for a in AXES}
+    assert summary["rejected"][REASON] == rejected[REASON] and summary["candidates"] == next_index
+    q = summary["mixture_quota"]
+    assert q["quotas"] == {"torch#1": 6, "torch#2": 6}
+    assert q["axes"] == {"dtype": {"quotas": {"bfloat16": 6, "float32": 6}, "rows": {"bfloat16": 6, "float32": 6},
+                                   "given_up": []},
+                         "task_pass": {"quotas": {"backward": 6, "forward": 6}, "rows": {"backward": 6, "forward": 6},
+                                       "given_up": []}}
+    # The full axis is named in the examples, and candidates of a full value were not sent to a worker.
+    state = json.loads((tmp_path / "quota" / STATE_FILE).read_text())
+    full = [e["evidence"] for e in state["examples"] if e["reason"] == REASON]
+    assert full and all(e["axis"] in AXES and e["quota"] == 6 for e in full), full
+    assert len(fake.calls()) < next_index
+
+    # Control: without quotas the rows lean to fp32 and forward, the kinds that pass more often.
+    summary = driver_tests._run_with_deadline(_kind_cfg(tmp_path / "free", mixture_quota=False))
+    assert [r["task_id"] for r in read_rows(tmp_path / "free", columns=["task_id"])] == _expected_axes(
+        tasks, accept, quota=False)[0]
+    free = _kinds(tmp_path / "free")
+    assert free["dtype"]["float32"] >= 8 and free["task_pass"]["forward"] >= 8, free
+    assert REASON not in summary["rejected"]
+
+
+@KINDS_TASKS
+def test_a_stopped_kinds_run_resumes_to_the_rows_and_counts_of_an_uninterrupted_one(tmp_path, tasks, fake):
+    fake.accept = _kind_passes(tasks)
+    stop, seen = threading.Event(), []
+
+    def on_result(rec):
+        seen.append(rec["index"])
+        if len(seen) == 24:
+            stop.set()
+
+    out, ref = tmp_path / "resumed", tmp_path / "ref"
+    box = {}
+    t = threading.Thread(target=lambda: box.update(s=driver.run(_kind_cfg(out), on_result=on_result, stop=stop)),
+                         daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive()
+    first = _kinds(out)
+    assert 0 < sum(first["dtype"].values()) < N_KIND_TASKS and 6 in first["dtype"].values(), first  # a value full
+    got = driver_tests._run_with_deadline(_kind_cfg(out))
+    want = driver_tests._run_with_deadline(_kind_cfg(ref))
+    cols = ["task_id", *AXES]
+    assert read_rows(out, columns=cols) == read_rows(ref, columns=cols)
+    for key in ("accepted", "rejected", "candidates", "mixture_quota"):
+        assert got[key] == want[key], key
+
+
+def _dead_combination(tasks):
+    return lambda i: not (tasks[i]["st"].dtype == "bfloat16" and tasks[i]["st"].task_pass == "backward")
+
+
+def _dead_value(tasks):
+    return lambda i: tasks[i]["st"].dtype == "float32"
+
+
+@KINDS_TASKS
+@pytest.mark.parametrize("dead,given_up", [(_dead_combination, {"dtype": ["bfloat16"]}),
+                                           (_dead_value, {"dtype": ["bfloat16"]})])
+def test_a_combination_or_value_that_never_passes_is_given_up_and_the_run_finishes(tmp_path, tasks, fake, caplog,
+                                                                                   dead, given_up):
+    """bf16 backward never passing: once fp32 and forward are full only bf16 backward candidates are
+    left to commit; bf16 is given up (one value per candidate), fp32 takes its rows and backward
+    still fills. (Control: with give-up off the same run stops at max_candidates short of rows.)"""
+    accept = fake.accept = dead(tasks)
+    want, rejected, next_index, quotas = _expected_axes(tasks, accept, give_up=4)
+    with caplog.at_level(logging.WARNING, logger="opsynth.generate"):
+        summary = driver_tests._run_with_deadline(_kind_cfg(tmp_path / "ds", mixture_give_up=4))
+    assert [r["task_id"] for r in read_rows(tmp_path / "ds", columns=["task_id"])] == want
+    assert summary["rows"] == N_KIND_TASKS and summary["candidates"] == next_index < N_KIND_CANDIDATES
+    got = _kinds(tmp_path / "ds")
+    assert got["task_pass"] == {"forward": 6, "backward": 6} and got["data_source"] == {"torch#1": 6, "torch#2": 6}
+    assert got["dtype"]["bfloat16"] < 6
+    q = summary["mixture_quota"]
+    assert {a: q["axes"][a]["given_up"] for a in ("dtype",)} == given_up and q["given_up"] == []
+    assert q["axes"]["dtype"]["quotas"] == quotas["dtype"] and q["axes"]["task_pass"]["given_up"] == []
+    assert "mixture dtype bfloat16 given up" in caplog.text
+    state = json.loads((tmp_path / "ds" / STATE_FILE).read_text())
+    assert state["mixture_quota"]["axes"]["dtype"]["given_up"] == ["bfloat16"]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="opsynth.generate"):
+        summary = driver_tests._run_with_deadline(_kind_cfg(tmp_path / "off", mixture_give_up=0))
+    assert summary["rows"] < N_KIND_TASKS and summary["candidates"] == N_KIND_CANDIDATES
+    assert "dtype=bfloat16" in caplog.text and "below their quota" in caplog.text
