@@ -48,9 +48,10 @@ class GenerateConfig:
     # A folder whose shards lost rows the state file lists (a shard deleted, truncated, unreadable)
     # is refused; repair=true regenerates exactly the missing seeds and sets damaged files aside.
     repair: bool = False
-    # Fill the operator-count mixture by quota (`opsynth.generate.quota`): each slot holds at most its
-    # share of n_tasks; a slot whose last `mixture_give_up` committed candidates were all rejected is
-    # given up and its rows go to the others (0: never give up; the run then stops at max_candidates).
+    # Fill the operator-count, precision and pass mixtures by quota (`opsynth.generate.quota`): each
+    # slot, dtype and pass holds at most its share of n_tasks; one whose last `mixture_give_up` committed
+    # candidates were all rejected is given up and its rows go to the others of its axis (0: never give
+    # up; the run then stops at max_candidates).
     mixture_quota: bool = True
     mixture_give_up: int = 200
 

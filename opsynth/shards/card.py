@@ -211,7 +211,8 @@ def _quota_words(q: dict[str, Any]) -> str:
                   f"went to the other slots): {', '.join(f'`{g}`' for g in q['given_up'])}.")
     if q.get("axes"):
         words += (" The precision and pass mixture was filled the same way, each value of "
-                  f"{' and '.join(f'`{a}`' for a in q['axes'])} up to its own quota (see Precisions and passes).")
+                  f"{' and '.join(f'`{a}`' for a in q['axes'])} up to its own quota: a candidate with any value full was "
+                  "rejected for it, with the same reason (see Precisions and passes).")
     return words
 
 

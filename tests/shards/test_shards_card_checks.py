@@ -70,3 +70,36 @@ def test_the_card_and_report_show_the_mixture_quotas_and_their_rejections(tmp_pa
     body = write_card(tmp_path / "ds", plain).read_text()
     assert "| data_source | rows | achieved | target |\n" in body and "mixture quota" not in body
     assert "quota" not in write_report(tmp_path / "ds", plain)["rows"]["mixture"]["torch#1"]
+
+
+def test_the_card_and_report_show_the_precision_and_pass_quotas(tmp_path, make_row):
+    """A run with a precision and pass mixture filled by quota: the checks row names every axis, the
+    precisions section has each value's rows and quota (and which was given up), the report counts
+    the rows against the quotas. (Control: slot quotas alone show no axis table.)"""
+    from opsynth.shards.report import write_report
+
+    rows = [{**make_row(i), "dtype": "bfloat16" if i % 2 else "float32", "task_pass": "backward" if i < 3 else "forward"}
+            for i in range(12)]
+    with ShardWriter(tmp_path / "ds", rows_per_shard=10) as w:
+        w.write(rows)
+        w.finalize()
+    slots = {"quotas": {"torch#1": 4, "torch#2": 4, "torch#3": 4}, "rows": {"torch#1": 4, "torch#2": 4, "torch#3": 4},
+             "given_up": [], "give_up_after": 200, "reason": "mixture_slot_full"}
+    axes = {"dtype": {"quotas": {"bfloat16": 6, "float32": 6}, "rows": {"bfloat16": 6, "float32": 6}, "given_up": []},
+            "task_pass": {"quotas": {"backward": 3, "forward": 9}, "rows": {"backward": 3, "forward": 9},
+                          "given_up": ["backward"]}}
+    s = RunStats(device="cpu", config={"verify": dataclasses.asdict(VerifyConfig())}, mixture_quota={**slots, "axes": axes})
+    s.accept(12)
+    body = write_card(tmp_path / "ds", s).read_text()
+    assert "the candidate's `data_source` slot, `dtype` and `task_pass` each holds fewer rows than its quota" in body
+    assert "| axis | value | rows | quota | given up |" in body
+    assert "| `dtype` | `bfloat16` | 6 | 6 |  |" in body and "| `task_pass` | `backward` | 3 | 3 | yes |" in body
+    report = write_report(tmp_path / "ds", s)
+    assert report["rows"]["kind_mixture"]["task_pass"]["backward"] == {"rows": 3, "quota": 3, "given_up": True}
+    assert report["rows"]["kind_mixture"]["dtype"]["float32"] == {"rows": 6, "quota": 6, "given_up": False}
+
+    plain = RunStats(device="cpu", config={"verify": dataclasses.asdict(VerifyConfig())}, mixture_quota=slots)
+    plain.accept(12)
+    body = write_card(tmp_path / "ds", plain).read_text()
+    assert "| mixture quota |" in body and "| axis | value |" not in body
+    assert "kind_mixture" not in write_report(tmp_path / "ds", plain)["rows"]
