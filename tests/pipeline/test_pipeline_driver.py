@@ -74,8 +74,8 @@ def fake(monkeypatch, tasks, tmp_path):
                       "task_id": t["task_id"], "num_ops": t["st"].num_ops, "graph": t["graph"],
                       "input_shapes": "[]", "eager_ms": 1.0,
                       "compile_ms": 1.0, "device": "cpu", "torch_version": "test", "kb_max_similarity": None,
-                      "kb_nearest": None, "seed": seed, "mode": "eval", "trace_signature": t["signature"], "dtype": t["st"].dtype,
-                      "task_pass": t["st"].task_pass}
+                      "kb_nearest": None, "seed": seed, "mode": "eval", "trace_signature": t["signature"],
+                      "dtype": t["st"].dtype, "task_pass": t["st"].task_pass}  # the sampled task's kind
         return rec
 
     def start_cluster(cfg, run_dir=None):
@@ -305,8 +305,7 @@ def test_cluster_scheduler_runs_on_an_existing_dask_cluster_and_leaves_it_runnin
         row = {"code": t["code"], "ops": t["ops"], "data_source": t["data_source"], "task_id": t["task_id"],
                "num_ops": t["num_ops"], "graph": t["graph"], "input_shapes": "[]", "eager_ms": 1.0,
                "compile_ms": 1.0, "device": "cpu", "torch_version": "test", "kb_max_similarity": None,
-               "kb_nearest": None, "seed": seed, "mode": "eval", "trace_signature": t["signature"], "dtype": t["st"].dtype,
-                      "task_pass": t["st"].task_pass}
+               "kb_nearest": None, "seed": seed, "mode": "eval", "trace_signature": t["signature"], "dtype": "float32", "task_pass": "forward"}
         return {"index": index, "seed": seed, "accepted": True, "reason": None, "row": row,
                 "signature": t["signature"], "evidence": None}
 
