@@ -199,6 +199,9 @@ def _timings(result: Any, s: dict) -> list[str]:
     for label, base in (("eager PyTorch", eager), ("torch.compile", comp)):
         if base is not None:
             parts.append(f"{label} {_ms(base)}" + (f" (you are {base / cand:.2f}x as fast)" if cand else ""))
+        elif label == "torch.compile" and cand:
+            # the reward times torch.compile only once a program clearly beats eager (it decides nothing before)
+            parts.append("torch.compile not timed yet (it is timed once you beat eager PyTorch)")
     lines = ["Timings (median of the timed calls): " + "; ".join(parts) + "."]
     kernels = top_kernels(result)
     if kernels:
