@@ -410,13 +410,13 @@ class Pacer:
             self._lock.close()
             self.locked = False
             try:
-                self._take(self._share_cm, "shared")  # its compilation runs on the device: beside checks only
+                # Nothing held meanwhile: torch.compile takes seconds, mostly on the CPU, and holding
+                # the device (even shared) would keep every timing on it waiting for that long.
                 srv.wait_ready()
             except BaselineFailed as e:
                 self.failed = str(e)
             finally:
                 self.compile_wait_s += time.perf_counter() - t0
-                self.unshare()
                 self._take_lock()
                 self._window.enter_context(_quiet_window())
         if self.failed:
