@@ -248,6 +248,8 @@ class Pacer:
         self.failed: str | None = None
         self.capped = False
         self._lock = ExitStack()
+        self._share = ExitStack()  # the checks' share of the device, held for the child's checked calls
+        self.shared = False
         self._window = ExitStack()
         self._state = threading.Lock()
         self.locked = False
@@ -260,17 +262,34 @@ class Pacer:
     def set_pid(self, pid: int) -> None:
         self.pid = pid
 
+    def share(self) -> str | None:
+        """The child's `timing_share`: the device shared with other checks for its checked calls
+        (`opsynth.runtime.device_lock.checks_share`), held here until `unshare` or `lock`."""
+        with self._state:
+            if self.locked or self.shared or self.closed:
+                return "the checks' share was asked for twice, or after the timing lock"
+        self._take(self._share_cm, "shared")
+        return None
+
+    def unshare(self) -> None:
+        self._share.close()
+        self.shared = False
+
     def lock(self) -> str | None:
-        """The child's `timing_lock`: the eager child made ready first (outside the lock), then the
-        device lock, held here in the trusted parent for the whole timed section. None, or why not."""
+        """The child's `timing_lock`: the eager child made ready first (under the checks' share: its
+        start-up runs on the device too), then the device to itself, held here in the trusted parent
+        for the whole timed section. None, or why not."""
         with self._state:
             if self.locked or self.closed:
                 return "the timing lock was asked for twice"
         if self.baselines is not None:
+            if not self.shared:
+                self._take(self._share_cm, "shared")
             try:
                 self.baselines.server("eager").wait_ready()
             except BaselineFailed as e:
                 self.failed = str(e)
+        self.unshare()
         self._take_lock()
         return None
 
@@ -278,20 +297,36 @@ class Pacer:
         self._window.close()
         self._lock.close()
         self.locked = False
+        self.unshare()
 
-    def _take_lock(self) -> None:
-        """The device lock (blocking). Taken after `close` (the child was killed while this waited),
-        it is let go at once: a lock the parent forgot would stop every later timing."""
-        from opsynth.runtime.device_lock import file_lock
+    def _share_cm(self):
+        from opsynth.runtime.device_lock import checks_share
 
+        return checks_share(self.lock_path)
+
+    def _lock_cm(self):
+        from opsynth.runtime.device_lock import timing_section
+
+        return timing_section(self.lock_path)
+
+    def _take(self, make, flag: str) -> None:
+        """Enter a hold on the device (blocking) and keep it in `_share` or `_lock`. Taken after
+        `close` (the child was killed while this waited), it is let go at once: a hold the parent
+        forgot would stop every later timing."""
         stack = ExitStack()
-        stack.enter_context(file_lock(self.lock_path))
+        stack.enter_context(make())
         with self._state:
             if self.closed:
                 stack.close()
                 return
-            self._lock = stack
-            self.locked = True
+            if flag == "shared":
+                self._share, self.shared = stack, True
+            else:
+                self._lock, self.locked = stack, True
+
+    def _take_lock(self) -> None:
+        """The device to itself (blocking; see `_take`)."""
+        self._take(self._lock_cm, "locked")
 
     # -- the rounds ----------------------------------------------------------------------------
 
@@ -375,6 +410,8 @@ class Pacer:
             self._lock.close()
             self.locked = False
             try:
+                # Nothing held meanwhile: torch.compile takes seconds, mostly on the CPU, and holding
+                # the device (even shared) would keep every timing on it waiting for that long.
                 srv.wait_ready()
             except BaselineFailed as e:
                 self.failed = str(e)
@@ -438,6 +475,7 @@ class Pacer:
         self._window.close()
         self._lock.close()
         self.locked = False
+        self.unshare()
 
 
 def revalidate(cached: dict | None, fresh: dict[str, list[float]], drift: float, confidence: float = 0.95) -> tuple[dict, dict]:

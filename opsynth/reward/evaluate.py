@@ -83,14 +83,11 @@ def _tmpdir(prefix: str) -> Path:
 
 
 def _lock_path(cfg: RewardConfig, device: str) -> str:
-    """The device's one lock (shared with the verifier), created here so a confined child can open it."""
-    from opsynth.runtime.device_lock import device_lock_path
+    """The device's one lock (shared with the verifier), its files created here so a confined child can open them."""
+    from opsynth.runtime.device_lock import create_lock_files, device_lock_path
 
     path = device_lock_path(device, cfg.resolved_device_index())
-    try:
-        open(path, "a").close()
-    except OSError:
-        pass
+    create_lock_files(path)
     return path
 
 
@@ -250,13 +247,15 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
     times["build_s"] = res.data.get("build_s")
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
-    times["locked_s"] = res.data.get("locked_s")  # checks, profiler and timing (holding the device lock)
-    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "rounds_s"):  # parts of setup_s and locked_s
+    times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)
+    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "timing_wait_s", "rounds_s"):  # parts of setup_s; the checks; locked_s
         if res.data.get(k) is not None:
             times[k] = res.data[k]
     times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
     if pacer.compile_wait_s:
         times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
+        if times.get("locked_s") is not None:  # the device was not held meanwhile
+            times["locked_s"] = round(max(0.0, times["locked_s"] - pacer.compile_wait_s), 3)
     import torch
 
     t_judge = time.perf_counter()

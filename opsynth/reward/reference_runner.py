@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 
 from opsynth.reward.compare import as_output_list
-from opsynth.runtime.child import child_main, device_lock
+from opsynth.runtime.child import child_main, device_checks, device_lock
 
 
 def _to_cpu(x):
@@ -82,12 +82,13 @@ def _flops(model, inputs: list, device: str) -> dict:
 
 
 def run(job: dict) -> dict:
-    """Everything that touches the device runs under the device lock. The baselines are not timed
-    here: eager and torch.compile each have a child of their own (`baseline_runner`)."""
+    """The device is held as each part needs it: shared with other checks for the outputs and the
+    flop count, to itself (`device_lock`) for the timed rounds only, not at all for saving. The
+    baselines are not timed here: eager and torch.compile each have a child of their own
+    (`baseline_runner`)."""
     import torch  # noqa: F401  (import outside the device lock)
 
-    with device_lock(job):
-        return _run(job)
+    return _run(job)
 
 
 def _run(job: dict) -> dict:
@@ -96,21 +97,59 @@ def _run(job: dict) -> dict:
     forward and gradients."""
     import torch
 
-    from opsynth.render.task_file import load_task_module, with_second_shape
-    from opsynth.reward.task_call import build_model, call_args, job_kind, step_of
+    from opsynth.render.task_file import load_task_module
+    from opsynth.reward.task_call import build_model, job_kind, step_of
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))
     device = job["device"]
     source = open(job["task_path"]).read()
-    try:
-        mod = load_task_module(source)
-        model, init_inputs = build_model(mod, job, device)
-        kind = job_kind(job)
-        call, n_inputs, names = step_of(mod, model, kind)
-    except Exception:
-        traceback.print_exc()
-        return {"reason": "task_error"}
+    with device_checks(job):
+        try:
+            mod = load_task_module(source)
+            model, init_inputs = build_model(mod, job, device)
+            kind = job_kind(job)
+            call, n_inputs, names = step_of(mod, model, kind)
+        except Exception:
+            traceback.print_exc()
+            return {"reason": "task_error"}
+        out = _outputs(job, mod, model, kind, call, device, source)
+    if "reason" in out:
+        return out
+    trials, outputs, second_inputs, second_outputs = out["trials"], out["outputs"], out["second_inputs"], out["second_outputs"]
+
+    meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
+    plan = _read_plan()
+    with device_lock(job):
+        rounds = _timed_rounds(job, call, trials, plan, device) if plan else None
+    with device_checks(job):
+        flops = _flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device)
+    torch.save(init_inputs, job["init_path"])
+    torch.save(
+        {
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "trials": trials,
+            "second": second_inputs,
+        },
+        job["data_path"],
+    )
+    torch.save({"trials": outputs, "second": second_outputs, **(rounds or {})}, job["ref_outputs_path"])
+    return {
+        "reason": "ok",
+        "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
+        "has_second": second_inputs is not None,
+        "n_inputs": n_inputs,
+        "param_names": names,
+        **flops,
+    }
+
+
+def _outputs(job: dict, mod, model, kind, call, device: str, source: str) -> dict:
+    """The reference's outputs for each trial's inputs and for the second shape (checked work)."""
+    import torch
+
+    from opsynth.render.task_file import load_task_module, with_second_shape
+    from opsynth.reward.task_call import call_args
 
     trials, outputs = [], []
     with torch.no_grad():
@@ -130,28 +169,7 @@ def _run(job: dict) -> dict:
                 inputs = call_args(mod2, model, kind, int(job["second_seed"]), device)
                 second_inputs = _to_cpu(inputs)
                 second_outputs = _to_cpu(as_output_list(call(*inputs)))
-
-    meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
-    plan = _read_plan()
-    rounds = _timed_rounds(job, call, trials, plan, device) if plan else None
-    torch.save(init_inputs, job["init_path"])
-    torch.save(
-        {
-            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "trials": trials,
-            "second": second_inputs,
-        },
-        job["data_path"],
-    )
-    torch.save({"trials": outputs, "second": second_outputs, **(rounds or {})}, job["ref_outputs_path"])
-    return {
-        "reason": "ok",
-        "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
-        "has_second": second_inputs is not None,
-        "n_inputs": n_inputs,
-        "param_names": names,
-        **_flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device),
-    }
+    return {"trials": trials, "outputs": outputs, "second_inputs": second_inputs, "second_outputs": second_outputs}
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ class RoundSession:
     outputs). The parent's clock between `ready` and `returned` holds the call and little else.
 
     With a `pacer` (a candidate's session: `opsynth.reward.baselines.Pacer`) the child first asks
-    for the device lock (`timing_lock`, held by the parent until `timing_unlock`); the pacer runs
+    for the device, shared with other checks for its checked calls (`timing_share` .. `timing_unshare`)
+    and to itself for its timed rounds (`timing_lock`, held by the parent until `timing_unlock`); the pacer runs
     baseline blocks while the child waits for a round's seed (the parent's clocks of that round
     start after them), and at the end of the main pass may extend it (`again` on `timing_done`,
     the same rounds protocol on the plan's next seeds) before the re-measure decision is taken."""
@@ -128,9 +129,10 @@ class RoundSession:
                 return {"ok": False, "error": self.error}
             kind = req.get("kind")
             end = self.end if self.end is not None else self.main_end
-            if kind in ("timing_lock", "timing_unlock"):
+            if kind in ("timing_share", "timing_unshare", "timing_lock", "timing_unlock"):
                 if self.pacer is not None:
-                    why = self.pacer.lock() if kind == "timing_lock" else self.pacer.unlock()
+                    why = {"timing_share": self.pacer.share, "timing_unshare": self.pacer.unshare,
+                           "timing_lock": self.pacer.lock, "timing_unlock": self.pacer.unlock}[kind]()
                     if why:
                         return self._fail(why)
                 return {"ok": True}

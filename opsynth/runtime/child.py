@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from opsynth.runtime.device_lock import file_lock
+from opsynth.runtime.device_lock import checks_share, timing_section
 
 
 def apply_limits(job: dict) -> None:
@@ -33,12 +33,18 @@ def apply_limits(job: dict) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def device_lock(job: dict, _file_lock=file_lock):
-    """Exclusive use of the device for the timed and checked part of a child's work (the one lock
-    per physical GPU, `opsynth.runtime.device_lock`). The flock is bound as a default argument: the
-    reward's harness snapshot watches this function's defaults, so a candidate that rebinds the
-    lock function to skip the lock is seen."""
-    return _file_lock(job.get("device_lock") or None)
+def device_lock(job: dict, _timing_section=timing_section):
+    """The device to itself for a child's timed work (`opsynth.runtime.device_lock.timing_section`:
+    no checks and no other timing run on the device meanwhile). The lock function is bound as a
+    default argument: the reward's harness snapshot watches this function's defaults, so a candidate
+    that rebinds it to skip the lock is seen."""
+    return _timing_section(job.get("device_lock") or None)
+
+
+def device_checks(job: dict, _checks_share=checks_share):
+    """The device for a child's checked, untimed work (reference outputs, correctness runs): shared
+    with other checks, never beside a timing (`opsynth.runtime.device_lock.checks_share`)."""
+    return _checks_share(job.get("device_lock") or None)
 
 
 BUILD_FD: int | None = None  # the child's end of its build channel, when it has one

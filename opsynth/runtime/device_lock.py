@@ -3,6 +3,10 @@ machine, held (``fcntl.flock``) around every timed or checked section of the ver
 the reward environment's children, so their timings never overlap on a device while builds and
 compilation run in parallel.
 
+Two kinds of hold on a device: *checks* (correctness runs, reference outputs, profiling: any number
+at once, `checks_share`) and *timing* (`timing_section`: the memory lock whole, so no checks of any
+process run on the device meanwhile, then the timing lock). Only timing needs the device to itself.
+
 The folder is `resolve_lock_dir()`: $OPSYNTH_LOCK_DIR, else the system temp folder of the trusted process
 that names the lock (a confined child's own TMPDIR is its scratch, so children are handed the path
 or, for the verifier's workers, the folder in their environment).
@@ -139,3 +143,32 @@ def device_share(lock_file: str | None, exclusive: bool, on_wait: Callable[[], N
         finally:
             os.close(share)
             os.close(gate)
+
+
+def create_lock_files(lock_file: str) -> None:
+    """Create a device's lock files (the timing lock and the memory lock's two), so a confined child,
+    which sees the folder read-only, can open them all."""
+    for path in (lock_file, *share_lock_paths(lock_file)):
+        try:
+            open(path, "a").close()
+        except OSError:
+            pass
+
+
+def checks_share(lock_file: str | None, on_wait: Callable[[], None] | None = None,
+                 on_acquired: Callable[[], None] | None = None):
+    """Checked (untimed) work on the device: shared with other checks, never beside a timing."""
+    return device_share(lock_file, False, on_wait, on_acquired)
+
+
+@contextmanager
+def timing_section(lock_file: str | None, on_wait: Callable[[], None] | None = None,
+                   on_acquired: Callable[[], None] | None = None) -> Iterator[None]:
+    """The device to itself for timing: the memory lock whole (the checks of every process that takes
+    `checks_share` or the verifier's memory share are done first, and none start meanwhile), then
+    the timing lock (other timers, including those that take only the timing lock)."""
+    if lock_file is None:
+        yield
+        return
+    with device_share(lock_file, True, on_wait, on_acquired), file_lock(lock_file, on_wait, on_acquired):
+        yield

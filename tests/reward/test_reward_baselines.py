@@ -345,6 +345,42 @@ def test_the_ratio_and_its_interval_reach_the_training_metrics():
     assert logged["kernel/near_threshold"] == 1.0 and 0 < logged["kernel/eager_ratio_log_width"] < 0.5
 
 
+def test_the_pacer_holds_the_device_shared_for_checks_and_whole_for_timing(tmp_path):
+    """The child's checked calls run under the checks' share (another process's checks may run, a
+    timing may not); its timed rounds have the device to itself; nothing stays held after unlock."""
+    import fcntl
+    import os
+
+    from opsynth.runtime.device_lock import create_lock_files, share_lock_paths
+
+    path = str(tmp_path / "device.lock")
+    create_lock_files(path)
+    share_file = share_lock_paths(path)[1]
+
+    def free(op: int) -> bool:  # can another holder take the memory lock now (shared or whole)?
+        fd = os.open(share_file, os.O_RDWR)
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    pacer = Pacer(None, RewardConfig(device="cpu"), "cpu", path, 1, 5)
+    assert pacer.share() is None and pacer.shared
+    assert free(fcntl.LOCK_SH) and not free(fcntl.LOCK_EX)  # other checks yes, a timing no
+    assert pacer.lock() is None and pacer.locked and not pacer.shared
+    assert not free(fcntl.LOCK_SH)  # no checks beside the timed rounds
+    assert pacer.share() is not None  # the share after the lock: refused
+    pacer.unlock()
+    assert free(fcntl.LOCK_EX)
+    pacer = Pacer(None, RewardConfig(device="cpu"), "cpu", path, 1, 5)
+    pacer.share()
+    pacer.close()  # a child killed during its checks
+    assert free(fcntl.LOCK_EX)
+
+
 def test_the_timing_lock_cannot_be_asked_for_twice_nor_kept_after_close(tmp_path):
     """A child asking twice would block the parent's channel on its own lock; a lock taken after the
     child was killed must not stay held (every later timing would wait on it)."""

@@ -40,7 +40,8 @@ def test_the_childs_lock_function_is_bound_where_the_harness_snapshot_sees_it():
     snapshot), not from a module global a candidate could rebind unseen."""
     from opsynth.runtime import child
 
-    assert child.device_lock.__defaults__ == (device_lock.file_lock,)
+    assert child.device_lock.__defaults__ == (device_lock.timing_section,)
+    assert child.device_checks.__defaults__ == (device_lock.checks_share,)
 
 
 # --- the memory lock: one verifier request can have the GPU to itself (its out-of-memory retry) -----
@@ -134,3 +135,59 @@ def _flock_and_log(path: str, op: int, log: str, name: str) -> None:
     with open(log, "a") as f:
         f.write(name + "\n")
     fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+# --- checks share the device, timing has it to itself ---------------------------------------------
+
+def _hold_kind(path: str, kind: str, hold_s: float, log: str, name: str, ready=None) -> None:
+    import time
+
+    from opsynth.runtime.device_lock import checks_share, file_lock, timing_section
+
+    cm = {"checks": checks_share, "timing": timing_section, "timing_lock_only": file_lock}[kind]
+    with cm(path):
+        with open(log, "a") as f:
+            f.write(f"{name} in {time.monotonic():.4f}\n")
+        if ready is not None:
+            ready.set()
+        time.sleep(hold_s)
+        with open(log, "a") as f:
+            f.write(f"{name} out {time.monotonic():.4f}\n")
+
+
+def _checks_then(tmp_path, timer_kind: str) -> dict:
+    """Two checkers hold the device for 1 s; a timer of `timer_kind` arrives while they do, and a
+    third checker arrives while the timer waits or runs. The spans of all four."""
+    import multiprocessing as mp
+    import time
+
+    ctx = mp.get_context("spawn")
+    path, log = str(tmp_path / "cuda0.lock"), tmp_path / f"log_{timer_kind}"
+    device_lock.create_lock_files(path)
+    ready = [ctx.Event(), ctx.Event()]
+    first = [ctx.Process(target=_hold_kind, args=(path, "checks", 1.0, str(log), f"c{i}", ready[i])) for i in range(2)]
+    for p in first:
+        p.start()
+    for r in ready:
+        assert r.wait(60)
+    timer = ctx.Process(target=_hold_kind, args=(path, timer_kind, 0.5, str(log), "t"))
+    timer.start()
+    time.sleep(0.3)
+    late = ctx.Process(target=_hold_kind, args=(path, "checks", 0.1, str(log), "late"))
+    late.start()
+    for p in [*first, timer, late]:
+        p.join(60)
+        assert p.exitcode == 0
+    return _spans(log)
+
+
+def test_a_timing_section_runs_alone_and_checks_share_the_device(tmp_path):
+    """The reward's timed rounds (`timing_section`) wait for the checks in progress and no check
+    starts beside them; checks run together. Control: the timing lock alone (what the reward's
+    children held before, and the verifier's timing still holds) runs beside the checks."""
+    spans = _checks_then(tmp_path, "timing")
+    assert _overlap(spans["c0"], spans["c1"]), spans
+    for other in ("c0", "c1", "late"):
+        assert not _overlap(spans["t"], spans[other]), (other, spans)
+    control = _checks_then(tmp_path, "timing_lock_only")
+    assert _overlap(control["t"], control["c0"]) or _overlap(control["t"], control["late"]), control
