@@ -232,10 +232,10 @@ def session_handler(session: RoundSession, fallback):
     return handle
 
 
-def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg, ref_keys: dict) -> tuple[str, str]:
+def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg, ref_keys: dict, memo=None) -> tuple[str, str]:
     """('ok', '') or (reason, detail) for the timed rounds: the inputs after each call against the
     reference's (unchanged), every round's fingerprints against the reference's for the same
-    inputs, the kept rounds in full."""
+    inputs, the kept rounds in full (through the reference's `compare.FactsMemo` when given)."""
     from opsynth.reward.compare import _cmp_list
     from opsynth.reward.timed_inputs import fingerprints_match
 
@@ -266,7 +266,7 @@ def judge_rounds(ref: dict, session: RoundSession, kept: dict, cfg, ref_keys: di
         expect = ref["round_outputs"].get(j)
         if expect is None:
             continue
-        reason, detail = _cmp_list(expect, outs, cfg)
+        reason, detail = _cmp_list(expect, outs, cfg, memo)
         if reason != "ok":
             return "incorrect_under_timing", f"timed call {j} compared in full: {reason}: {detail}"
     missing = [j for j in session.plan.keep if j in session.fps and j not in kept]
