@@ -36,7 +36,7 @@ def device_env(cfg: "RewardConfig", device: str) -> dict:
 
 # Runtime guards a test may switch off (RewardConfig.disabled_guards), to show what each one stops.
 GUARDS = ("fresh_inputs", "poison_outputs", "harness_snapshot", "wall_clock", "physical_floor", "launch_check", "l2_reset",
-          "upcast")
+          "upcast", "outputs_file")
 
 
 @dataclass

@@ -64,6 +64,7 @@ class _Reference:
     floor_ms: float | None = None  # the physical floor (opsynth.reward.floor)
     flop_bound_ms: float | None = None
     cfg: RewardConfig | None = None  # the settings with the task's tolerance (task_cfg)
+    facts: object = None  # compare.FactsMemo: facts about `outputs`, computed once for all its candidates
 
 
 def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
@@ -141,11 +142,16 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
     if not ref_rounds.done:
         return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's timed rounds did not finish: {ref_rounds.error}", scratch)
-    import torch
+    from opsynth.reward.compare import FactsMemo
+    from opsynth.reward.outputs_file import OutputsFileError, read_outputs
 
     out_path = Path(job["ref_outputs_path"])
-    outputs = torch.load(out_path, weights_only=True)
-    out_path.unlink()  # the candidate must never find the answers on disk
+    try:
+        outputs = read_outputs(out_path)  # trusted, but the same safe reader costs nothing
+    except OutputsFileError as e:
+        return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's outputs: {e}", scratch)
+    finally:
+        out_path.unlink(missing_ok=True)  # the candidate must never find the answers on disk
     # Nor the inputs and weights: a module could read them at import time (when torch compute is
     # still allowed) and precompute outputs. They reach the candidate child on stdin, after __init__.
     data_path = Path(job["data_path"])
@@ -160,7 +166,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
-                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg)
+                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=FactsMemo())
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -215,7 +221,6 @@ def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
 
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:
-    from opsynth.reward.compare import judge_outputs
     from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
@@ -256,17 +261,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
         if times.get("locked_s") is not None:  # the device was not held meanwhile
             times["locked_s"] = round(max(0.0, times["locked_s"] - pacer.compile_wait_s), 3)
-    import torch
-
     t_judge = time.perf_counter()
-    cand = torch.load(job["outputs_path"], weights_only=True)
-    tcfg = ref.cfg or cfg  # the task's tolerance
-    details["settings"] = tcfg.quoted_settings()
-    verdict, detail = judge_outputs(ref.outputs, cand, tcfg)
-    if verdict == "ok":
-        verdict, detail = _judge_timing(ref, rounds, cand, tcfg, times, details, off)
-    if verdict == "ok" and pacer.failed:
-        verdict, detail = "task_crashed", f"the task's baseline could not be timed: {pacer.failed}"
+    verdict, detail = _judge(ref, rounds, pacer, Path(job["outputs_path"]), cfg, times, details)
     times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
     log = (log + "\n" + detail).strip()
     if verdict != "ok":
@@ -275,6 +271,33 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         return out
     reward = _decide(ref, pacer, rounds, cfg, times, details)
     return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
+
+
+def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig, times: dict, details: dict) -> tuple[str, str]:
+    """The verdict on a measuring child that exited ok, in this (trusted) process: its outputs file
+    read safely (`outputs_file`: the child chose what lies at that path), the outputs against the
+    reference's (through the reference's FactsMemo), the timed rounds, the pacer's own failure."""
+    from opsynth.reward.compare import judge_outputs
+    from opsynth.reward.outputs_file import OutputsFileError, read_outputs, size_cap
+
+    off = set(cfg.disabled_guards)
+    tcfg = ref.cfg or cfg  # the task's tolerance
+    details["settings"] = tcfg.quoted_settings()
+    if "outputs_file" in off:  # the control only: a plain load, which a FIFO at the path hangs
+        import torch
+
+        cand = torch.load(outputs_path, weights_only=True)
+    else:
+        try:
+            cand = read_outputs(outputs_path, size_cap(ref.outputs))
+        except OutputsFileError as e:
+            return "outputs_unreadable", f"the candidate's outputs file: {e}"
+    verdict, detail = judge_outputs(ref.outputs, cand, tcfg, ref.facts)
+    if verdict == "ok":
+        verdict, detail = _judge_timing(ref, rounds, cand, tcfg, times, details, off)
+    if verdict == "ok" and pacer.failed:
+        verdict, detail = "task_crashed", f"the task's baseline could not be timed: {pacer.failed}"
+    return verdict, detail
 
 
 def _decide(ref: _Reference, pacer, rounds, cfg: RewardConfig, times: dict, details: dict) -> int:
@@ -323,7 +346,7 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     times["reference_round_overhead_ms"] = round(statistics.median(ref.rounds.overheads()), 3)
     times["reference_call_overhead_ms"] = round(statistics.median(ref.rounds.call_overheads()), 3)
     if fresh:
-        verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys)
+        verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys, ref.facts)
         if verdict != "ok":
             return verdict, detail
     if "wall_clock" not in off:
