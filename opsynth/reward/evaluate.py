@@ -157,6 +157,8 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     data_path = Path(job["data_path"])
     data = data_path.read_bytes()
     data_path.unlink()
+    facts = FactsMemo()
+    facts.warm(outputs, tcfg)  # here, while the candidates build: no candidate's judging waits for it
     eager_ms, compile_ms = (cached or {}).get("eager_ms"), (cached or {}).get("compile_ms")
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
@@ -166,7 +168,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
-                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=FactsMemo())
+                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts)
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 
+from opsynth.render.task_file import tolerance
 from opsynth.reward import compare
 from opsynth.reward.compare import CHUNK, FactsMemo, _cmp, _cmp_memo, judge_outputs
 from opsynth.reward.eval_types import RewardConfig
 from opsynth.reward.rounds import RoundSession, TimingPlan, judge_rounds
 
 CFG = RewardConfig()
-BF16 = RewardConfig(atol=2e-2, rtol=2e-2)
+BF16 = RewardConfig(atol=tolerance("bfloat16").atol, rtol=tolerance("bfloat16").rtol)  # as evaluate.task_cfg
 
 
 def _g(seed=0):
@@ -233,3 +234,45 @@ def test_judge_rounds_kept_outputs_through_the_memo(monkeypatch):
 
     monkeypatch.setattr(compare, "_cmp", no_exact)
     assert judge_rounds(ref, session, good, CFG, keys, memo) == ("ok", "")
+
+
+def _torch_facts(ref, cfg):
+    """`_cmp`'s own expressions for what RefFacts holds: (all finite, r_spread, a constant passes)."""
+    r = ref.to(torch.float64 if ref.dtype == torch.float64 else torch.float32)
+    finite = torch.isfinite(r)
+    r_var = r[finite]
+    if not bool(finite.all()) or r_var.numel() < 2:
+        return bool(finite.all()), 0.0, False
+    mean = float(r_var.mean())
+    passes = bool(((r_var - mean).abs() <= cfg.atol + cfg.rtol * r_var.abs()).all())
+    return True, float(r_var.max() - r_var.min()), passes
+
+
+@pytest.mark.parametrize("dtype,cfg", [(torch.float32, CFG), (torch.float64, CFG), (torch.bfloat16, BF16)])
+def test_reference_facts_match_torch_where_a_constant_starts_to_pass(dtype, cfg):
+    """References scaled across the point where their mean passes the tolerance (a few thousand
+    elements, and one crossing chunks, non-contiguous too): eligible exactly when `_cmp` would not
+    run its variation test, and the same spread."""
+    base = torch.randn(2 * CHUNK + 5, generator=_g(11), dtype=torch.float64)
+    flips = 0
+    for scale in np.geomspace(1e-3, 5e-3, 40):
+        for r in ((base * scale).to(dtype), (base[:6000] * scale).to(dtype).view(60, 100).t()):
+            finite, spread, passes = _torch_facts(r, cfg)
+            f = compare.ref_facts(r, cfg)
+            assert f.eligible == (finite and not passes), (scale, r.shape)
+            if f.eligible:
+                assert f.spread == spread
+            flips += passes
+    assert 0 < flips < 80  # both sides were seen
+
+
+def test_warm_computes_every_reference_fact_once():
+    ref = {"trials": _group(0), "second": [torch.randn(32, 256, generator=_g(1))],
+           "round_outputs": {4: [torch.randn(64, 256, generator=_g(2))]}}
+    memo = FactsMemo()
+    memo.warm(ref, CFG)
+    n = memo.computed
+    assert n == 3 * 2 + 1 + 1 + 2  # six trial tensors, the second shape, one kept round, two trial pairs
+    cand = {"trials": [[t + 1e-4 for t in tr] for tr in ref["trials"]], "second": [ref["second"][0] + 1e-4]}
+    assert judge_outputs(ref, cand, CFG, memo) == ("ok", "")
+    assert memo.computed == n

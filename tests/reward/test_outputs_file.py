@@ -183,35 +183,69 @@ RUNNER = textwrap.dedent("""
     spec = json.load(open(sys.argv[1]))
     cfg = RewardConfig(device="cpu", cache_dir=spec["cache"], compile_baseline=False, static_check=False, warmup=2,
                        repeats=5, cpu_threads=1, prebuild=False, disabled_guards=spec["off"])
-    t0 = time.monotonic()
-    res = evaluate_many([(spec["task"], c) for c in spec["candidates"]], cfg)
-    print(json.dumps({{"s": time.monotonic() - t0, "results": [{{"reward": r.reward, "reason": r.reason,
-                                                                "detail": r.details.get("detail", ""),
-                                                                "judge_s": r.times.get("judge_s")}} for r in res]}}))
+    res = evaluate_many([(spec["task"], c) for c in spec["candidates"]], cfg,
+                        progress=lambda m: print(f"{{time.monotonic():.3f}} {{m}}", file=sys.stderr, flush=True))
+    print(json.dumps([{{"reward": r.reward, "reason": r.reason, "detail": r.details.get("detail", ""),
+                       "judge_s": r.times.get("judge_s")}} for r in res]))
 """)
 
+MEASURING = "checking and timing"  # the progress line as a candidate's measuring child starts
 
-def _evaluate(tmp_path, cache, candidates, off, timeout):
+
+def _start(tmp_path, cache, candidates, off) -> subprocess.Popen:
     spec = tmp_path / f"spec_{'_'.join(off) or 'defaults'}.json"
     spec.write_text(json.dumps({"cache": cache, "task": SMALL_CHAIN, "candidates": candidates, "off": off}))
     script = tmp_path / "runner.py"
     script.write_text(RUNNER.format(repo=str(REPO)))
-    proc = subprocess.run([sys.executable, str(script), str(spec)], capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, str(script), str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _lines(proc) -> list:
+    """The runner's stderr lines as they come (a thread reads them), for waiting on a phase."""
+    lines: list = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+    return lines
+
+
+def _wait_for(lines, text, proc, limit_s):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        hit = [ln for ln in list(lines) if text in ln]
+        if hit:
+            return float(hit[0].split()[0])
+        if proc.poll() is not None and not any(text in ln for ln in list(lines)):
+            time.sleep(0.5)
+            if not any(text in ln for ln in list(lines)):
+                raise AssertionError("".join(lines)[-3000:])
+        time.sleep(0.2)
+    raise AssertionError(f"no {text!r} within {limit_s} s: " + "".join(lines)[-3000:])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_fifo_at_the_outputs_path_end_to_end(tmp_path, reward_cache):
     fast = (CANDS / "cpu" / "ext_prelude.py").read_text() + (CANDS / "cpu" / "fast.py").read_text()
-    got = _evaluate(tmp_path, reward_cache, [_fifo_candidate(), fast], [], timeout=600)
-    attack, honest = got["results"]
+    proc = _start(tmp_path, reward_cache, [_fifo_candidate(), fast], [])
+    lines = _lines(proc)
+    t_measure = _wait_for(lines, MEASURING, proc, 600)  # after the reference and the extension's build
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+    attack, honest = json.loads(out.strip().splitlines()[-1])
     assert attack["reward"] == -1 and attack["reason"] == "outputs_unreadable", attack
     assert "not a regular file" in attack["detail"], attack
     assert attack["judge_s"] < 1.0, attack  # promptly
     assert honest["reason"] == "ok" and honest["reward"] >= 1, honest  # the honest one beside it is judged as before
-    # The control: the parent's plain torch.load(path) of before, on the same candidate, never returns.
-    limit = max(90.0, 1.5 * got["s"])  # the guarded run took got["s"], its build included; this one builds nothing
-    with pytest.raises(subprocess.TimeoutExpired):
-        _evaluate(tmp_path, reward_cache, [_fifo_candidate()], ["outputs_file"], timeout=limit)
+    measured_s = time.monotonic() - t_measure  # both candidates, from the first measuring child to the end
+    # The control: the parent's plain torch.load(path) of before, on the same candidate (built now), never returns.
+    proc = _start(tmp_path, reward_cache, [_fifo_candidate()], ["outputs_file"])
+    try:
+        lines = _lines(proc)
+        _wait_for(lines, MEASURING, proc, 600)
+        limit = max(60.0, 5 * measured_s)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=limit)
+        assert not any("candidate 0: reward" in ln for ln in lines), lines[-5:]  # no verdict: still in torch.load
+    finally:
+        proc.kill()  # the runner; its fork server and children end when their stdin closes
+        proc.wait()
