@@ -356,7 +356,7 @@ def _summary(res) -> dict:
 
 
 PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "locked_s", "trials_s", "profiled_s",
-          "rounds_s", "baseline_blocks_s", "compile_wait_s", "measure_wall_s", "judge_s")  # EvalResult.times keys
+          "timing_wait_s", "rounds_s", "baseline_blocks_s", "compile_wait_s", "measure_wall_s", "judge_s")  # EvalResult.times keys
 
 
 def _median(values) -> float | None:
