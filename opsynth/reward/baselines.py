@@ -26,14 +26,13 @@ decides as stored, without fresh blocks (the behaviour before; tests use it as t
 
 from __future__ import annotations
 
-import time
-
 import queue
 import secrets
 from collections import OrderedDict
 import shutil
 import tempfile
 import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 

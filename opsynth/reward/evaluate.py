@@ -264,7 +264,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         if times.get("locked_s") is not None:  # the device was not held meanwhile
             times["locked_s"] = round(max(0.0, times["locked_s"] - pacer.compile_wait_s), 3)
     t_judge = time.perf_counter()
-    verdict, detail = _judge(ref, rounds, pacer, Path(job["outputs_path"]), cfg, times, details)
+    verdict, detail = _judge(ref, rounds, pacer, Path(job["outputs_path"]), cfg, times, details, off)
     times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
     log = (log + "\n" + detail).strip()
     if verdict != "ok":
@@ -275,14 +275,14 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
 
 
-def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig, times: dict, details: dict) -> tuple[str, str]:
+def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig, times: dict, details: dict,
+           off: set) -> tuple[str, str]:
     """The verdict on a measuring child that exited ok, in this (trusted) process: its outputs file
     read safely (`outputs_file`: the child chose what lies at that path), the outputs against the
     reference's (through the reference's FactsMemo), the timed rounds, the pacer's own failure."""
     from opsynth.reward.compare import judge_outputs
     from opsynth.reward.outputs_file import OutputsFileError, read_outputs, size_cap
 
-    off = set(cfg.disabled_guards)
     tcfg = ref.cfg or cfg  # the task's tolerance
     details["settings"] = tcfg.quoted_settings()
     if "outputs_file" in off:  # the control only: a plain load, which a FIFO at the path hangs

@@ -145,10 +145,16 @@ def device_share(lock_file: str | None, exclusive: bool, on_wait: Callable[[], N
             os.close(gate)
 
 
+def lock_files(lock_file: str | None) -> list[str]:
+    """Every file of a device's locks: the timing lock and the memory lock's gate and share (none
+    without a lock). A confined child must be able to open each."""
+    return [lock_file, *share_lock_paths(lock_file)] if lock_file else []
+
+
 def create_lock_files(lock_file: str) -> None:
-    """Create a device's lock files (the timing lock and the memory lock's two), so a confined child,
-    which sees the folder read-only, can open them all."""
-    for path in (lock_file, *share_lock_paths(lock_file)):
+    """Create a device's lock files (`lock_files`), so a confined child, which sees the folder
+    read-only, can open them all."""
+    for path in lock_files(lock_file):
         try:
             open(path, "a").close()
         except OSError:

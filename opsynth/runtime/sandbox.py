@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from opsynth.runtime.device_lock import lock_files
 from opsynth.runtime.supervise import kill_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -243,7 +244,7 @@ def run_child(
             "hidden": [str(cache_dir / "trust")] if (cache_dir / "trust").is_dir() else [],
             "must_not_write": [str(cache_dir), str(REPO_ROOT), str(Path(sys.prefix))],
             "readable": isolation.readable_paths([str(cache_dir / "ext"), str(cache_dir / "bin"), *map(str, readable),
-                                                  *_lock_files(job.get("device_lock"))]),
+                                                  *lock_files(job.get("device_lock"))]),
             "ids": ids,
             "syscall_filter": getattr(cfg, "syscall_filter", True),
             # The caller's home and temporary folders, named here: the child's environment is its job's
@@ -308,13 +309,6 @@ def _feed(fd: int, data: bytes) -> None:
                 f.write(data)
     except (BrokenPipeError, OSError, ValueError):
         pass  # the child died or stopped reading; its verdict says why
-
-
-def _lock_files(lock_file: str | None) -> list[str]:
-    """The device lock's files a child opens (the timing lock and the memory lock's gate and share)."""
-    from opsynth.runtime.device_lock import share_lock_paths
-
-    return [lock_file, *share_lock_paths(lock_file)] if lock_file else []
 
 
 # The child side (limits, the device lock, the job entry) is opsynth.runtime.child: the fork server's

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from opsynth.runtime import supervise
-from opsynth.runtime.device_lock import LOCK_DIR_ENV, device_lock_path, resolve_lock_dir, share_lock_paths
+from opsynth.runtime.device_lock import LOCK_DIR_ENV, device_lock_path, lock_files, resolve_lock_dir
 
 from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
@@ -308,7 +308,7 @@ class WorkerPool:
         if not self.cfg.serialize_timing:
             return self.cfg, []
         path = device_lock_path(self.device, 0, env[LOCK_DIR_ENV], env)
-        paths = [path, *share_lock_paths(path)]  # the timing lock and the memory lock's two files
+        paths = lock_files(path)  # the timing lock and the memory lock's two files
         for p in paths:
             os.close(os.open(p, os.O_RDWR | os.O_CREAT, 0o644))
         return self.cfg, paths

@@ -46,12 +46,16 @@ def test_the_childs_lock_function_is_bound_where_the_harness_snapshot_sees_it():
 
 # --- the memory lock: one verifier request can have the GPU to itself (its out-of-memory retry) -----
 
-def _hold(path: str, exclusive: bool, hold_s: float, log: str, name: str, ready=None) -> None:
+def _hold(path: str, kind, hold_s: float, log: str, name: str, ready=None) -> None:
+    """Hold the device lock of `kind` (True/False: the memory lock whole/shared; "checks", "timing",
+    "timing_lock_only") for hold_s, logging when it got in and out."""
     import time
 
-    from opsynth.runtime.device_lock import device_share
+    from opsynth.runtime.device_lock import checks_share, device_share, file_lock, timing_section
 
-    with device_share(path, exclusive):
+    cm = ({"checks": checks_share, "timing": timing_section, "timing_lock_only": file_lock}[kind](path)
+          if isinstance(kind, str) else device_share(path, kind))
+    with cm:
         with open(log, "a") as f:
             f.write(f"{name} in {time.monotonic():.4f}\n")
         if ready is not None:
@@ -139,22 +143,6 @@ def _flock_and_log(path: str, op: int, log: str, name: str) -> None:
 
 # --- checks share the device, timing has it to itself ---------------------------------------------
 
-def _hold_kind(path: str, kind: str, hold_s: float, log: str, name: str, ready=None) -> None:
-    import time
-
-    from opsynth.runtime.device_lock import checks_share, file_lock, timing_section
-
-    cm = {"checks": checks_share, "timing": timing_section, "timing_lock_only": file_lock}[kind]
-    with cm(path):
-        with open(log, "a") as f:
-            f.write(f"{name} in {time.monotonic():.4f}\n")
-        if ready is not None:
-            ready.set()
-        time.sleep(hold_s)
-        with open(log, "a") as f:
-            f.write(f"{name} out {time.monotonic():.4f}\n")
-
-
 def _checks_then(tmp_path, timer_kind: str) -> dict:
     """Two checkers hold the device for 1 s; a timer of `timer_kind` arrives while they do, and a
     third checker arrives while the timer waits or runs. The spans of all four."""
@@ -165,15 +153,15 @@ def _checks_then(tmp_path, timer_kind: str) -> dict:
     path, log = str(tmp_path / "cuda0.lock"), tmp_path / f"log_{timer_kind}"
     device_lock.create_lock_files(path)
     ready = [ctx.Event(), ctx.Event()]
-    first = [ctx.Process(target=_hold_kind, args=(path, "checks", 1.0, str(log), f"c{i}", ready[i])) for i in range(2)]
+    first = [ctx.Process(target=_hold, args=(path, "checks", 1.0, str(log), f"c{i}", ready[i])) for i in range(2)]
     for p in first:
         p.start()
     for r in ready:
         assert r.wait(60)
-    timer = ctx.Process(target=_hold_kind, args=(path, timer_kind, 0.5, str(log), "t"))
+    timer = ctx.Process(target=_hold, args=(path, timer_kind, 0.5, str(log), "t"))
     timer.start()
     time.sleep(0.3)
-    late = ctx.Process(target=_hold_kind, args=(path, "checks", 0.1, str(log), "late"))
+    late = ctx.Process(target=_hold, args=(path, "checks", 0.1, str(log), "late"))
     late.start()
     for p in [*first, timer, late]:
         p.join(60)
