@@ -15,3 +15,10 @@ python3 -c "import peft, accelerate, trl; print('peft', peft.__version__, 'accel
 flag=""; [ "$arm" = control ] && flag="--control"
 timeout 550 python3 benchmarks/train_learning_h200.py --out "$OUT/train_learning" $flag > "$OUT/train_learning/$arm.log" 2>&1
 echo "$arm rc=$?"; tail -40 "$OUT/train_learning/$arm.log"
+# the run's logs, flat (files deeper under $OUT do not come back)
+for f in evaluations-rank0.jsonl metrics.jsonl rollouts-rank0.jsonl; do
+  cp "$OUT/train_learning/$arm/run/$f" "$OUT/train_learning/${arm}_$f" 2>/dev/null
+done
+cp "$OUT/train_learning/$arm/score/score.json" "$OUT/train_learning/${arm}_score.json" 2>/dev/null
+rm -rf "$OUT/train_learning/$arm/tasks"
+nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/train_learning/gpu_name.txt"

@@ -106,9 +106,20 @@ def step_row(m: dict, rollout: dict, turns: int) -> dict:
 
 
 def read_steps(run_dir: str, turns: int) -> list[dict]:
+    """Step rows, each with its verdicts' reasons counted (a run whose rewards do not move says why)."""
+    import collections
+
     rollouts = {r["step"]: r for r in _jsonl(os.path.join(run_dir, "rollouts-rank0.jsonl"))}
-    return [step_row(m, rollouts.get(m["step"], {}), turns) for m in _jsonl(os.path.join(run_dir, "metrics.jsonl"))
-            if "reward" in m]
+    reasons: dict = collections.defaultdict(collections.Counter)
+    for e in _jsonl(os.path.join(run_dir, "evaluations-rank0.jsonl")):
+        reasons[e.get("step")][e.get("reason") or "ok"] += 1
+    rows = []
+    for m in _jsonl(os.path.join(run_dir, "metrics.jsonl")):
+        if "reward" in m:
+            row = step_row(m, rollouts.get(m["step"], {}), turns)
+            row["reasons"] = dict(reasons.get(m["step"], {}))
+            rows.append(row)
+    return rows
 
 
 def _callbacks(budget_s: float, run_dir: str, steps_path: str, turns: int):

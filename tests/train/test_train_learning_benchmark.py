@@ -30,6 +30,7 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
     for arm in ("trained", "control"):
         steps = json.loads((tmp_path / arm / "steps.json").read_text())
         assert [s["step"] for s in steps] == [1]
+        assert sum(steps[0]["reasons"].values()) >= 2, steps[0]  # each episode's verdicts, by reason
         assert {"reward", "pass_rate", "faster_than_eager", "faster_than_compile", "reward_after_turn",
                 "faster_than_compile_after_turn"} <= set(steps[0]) and len(steps[0]["reward_after_turn"]) == 2
         heldout = json.loads((tmp_path / f"{arm}.json").read_text())["heldout"]
