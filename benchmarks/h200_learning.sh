@@ -19,6 +19,6 @@ echo "$arm rc=$?"; tail -40 "$OUT/train_learning/$arm.log"
 for f in evaluations-rank0.jsonl metrics.jsonl rollouts-rank0.jsonl; do
   cp "$OUT/train_learning/$arm/run/$f" "$OUT/train_learning/${arm}_$f" 2>/dev/null
 done
-cp "$OUT/train_learning/$arm/score/score.json" "$OUT/train_learning/${arm}_score.json" 2>/dev/null
+for k in heldout trained_tasks; do cp "$OUT/train_learning/$arm/score_$k/score.json" "$OUT/train_learning/${arm}_score_$k.json" 2>/dev/null; done
 rm -rf "$OUT/train_learning/$arm/tasks"
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/train_learning/gpu_name.txt"

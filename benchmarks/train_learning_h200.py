@@ -201,17 +201,22 @@ def run_arm(args) -> dict:
     final = os.path.join(run_dir, "final")
     if report.get("ok") and os.path.isdir(final) and args.score_limit != 0:
         t1 = time.time()
-        try:  # what `python -m pipelines.evaluate mode=score score.policy=<final>` runs
-            s = ScoreSettings(shards=tasks_dir, split="heldout", policy=final, heldout_fraction=args.heldout_fraction,
-                              limit=args.score_limit or None, turns=args.turns, samples_per_task=args.score_samples,
-                              max_new_tokens=args.max_completion_length, temperature=0.0,
-                              out=os.path.join(arm_dir, "score"))
-            report["heldout"] = run_settings(s, eval_cfg=RewardConfig(**reward_env))
-        except Exception as exc:
-            import traceback
+        # What `python -m pipelines.evaluate mode=score score.policy=<final>` runs: on the held-out
+        # tasks (other operator chains: the smoke policy writes programs only for chains it was
+        # warmed on, so both arms score -1 there), and on the tasks trained on (greedy decoding).
+        for key, split, limit in (("heldout", "heldout", args.score_limit or None),
+                                  ("trained_tasks", "train", args.limit_tasks or None)):
+            try:
+                s = ScoreSettings(shards=tasks_dir, split=split, policy=final, heldout_fraction=args.heldout_fraction,
+                                  limit=limit, turns=args.turns, samples_per_task=args.score_samples,
+                                  max_new_tokens=args.max_completion_length, temperature=0.0,
+                                  out=os.path.join(arm_dir, f"score_{key}"))
+                report[key] = run_settings(s, eval_cfg=RewardConfig(**reward_env))
+            except Exception as exc:
+                import traceback
 
-            traceback.print_exc()
-            report["heldout"] = {"error": repr(exc)[:500]}
+                traceback.print_exc()
+                report[key] = {"error": repr(exc)[:500]}
         report["score_wall_s"] = round(time.time() - t1, 1)
     report["wall_s"] = round(time.time() - t0, 1)
     if os.path.isdir(run_dir):  # keep logs and plots, not checkpoints or weights
@@ -235,10 +240,11 @@ def _print_arm(report: dict) -> None:
         print(f"{r['step']:>4} {_fmt(r['reward']):>7} {_fmt(r['pass_rate']):>5} {_fmt(r['faster_than_eager']):>6} "
               f"{_fmt(r['faster_than_compile']):>6}  {' '.join(_fmt(x) for x in r['reward_after_turn']):<18} "
               f"{_fmt(r['step_s'], '.1f'):>7}")
-    h = report.get("heldout") or {}
-    if "reward_mean" in h:
-        print(f"held-out ({h.get('n')} episodes): reward {_fmt(h['reward_mean'])} pass {_fmt(h['pass_rate'])} "
-              f">eager {_fmt(h['faster_than_eager_rate'])} >compile {_fmt(h['faster_than_compile_rate'])}")
+    for key, label in (("heldout", "held-out"), ("trained_tasks", "trained tasks, greedy")):
+        h = report.get(key) or {}
+        if "reward_mean" in h:
+            print(f"{label} ({h.get('n')} episodes): reward {_fmt(h['reward_mean'])} pass {_fmt(h['pass_rate'])} "
+                  f">eager {_fmt(h['faster_than_eager_rate'])} >compile {_fmt(h['faster_than_compile_rate'])}")
     print(f"ok={report.get('ok')} steps={report.get('global_step')} wall={report['wall_s']} s")
 
 
@@ -266,6 +272,7 @@ def summarize(folder: str, window: int = 3) -> dict:
         "reward_by_step": {a: rewards[a] for a in rewards},
         "pass_rate_by_step": {a: [s["pass_rate"] for s in r["steps"][:n]] for a, r in arms.items()},
         "heldout": {a: r.get("heldout") for a, r in arms.items()},
+        "trained_tasks": {a: r.get("trained_tasks") for a, r in arms.items()},
         "warm_start": {a: r.get("warm_start") for a, r in arms.items()},
         "tasks": arms["trained"]["tasks"], "device": arms["trained"]["device"],
         "same_settings": {k2: v for k2, v in arms["trained"]["settings"].items() if k2 not in ("lr", "control", "out")}
@@ -277,6 +284,8 @@ def summarize(folder: str, window: int = 3) -> dict:
     print(json.dumps({k2: out[k2] for k2 in ("steps_compared", "trained_first_reward", "trained_last_reward",
                                              "control_last_reward", "control_step_std", "learned")}, indent=2))
     for a in ("trained", "control"):
+        t = out["trained_tasks"].get(a) or {}
+        print(f"trained tasks {a}: reward {_fmt(t.get('reward_mean'))} pass {_fmt(t.get('pass_rate'))}")
         h = out["heldout"].get(a) or {}
         print(f"held-out {a}: reward {_fmt(h.get('reward_mean'))} pass {_fmt(h.get('pass_rate'))} "
               f">eager {_fmt(h.get('faster_than_eager_rate'))} >compile {_fmt(h.get('faster_than_compile_rate'))}")
@@ -292,7 +301,7 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--heldout-fraction", type=float, default=0.15)
     p.add_argument("--limit-tasks", type=int, default=24,
                    help="train (and warm-start) on the first N training tasks, so each recurs in the steps (0: all)")
-    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--steps", type=int, default=36)
     p.add_argument("--budget-s", type=float, default=330.0, help="training stops after the step that ends past this")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--episode-reward", default="best", choices=["last", "best", "discounted"],

@@ -110,6 +110,14 @@ def episode_reward(rewards: Sequence[float], cfg: EpisodeConfig) -> float:
     return float(sum(r * cfg.discount**t for t, r in enumerate(rewards)))
 
 
+def scored_turn(rewards: Sequence[float], cfg: EpisodeConfig) -> int:
+    """The index of the turn whose program the episode's reward describes: the best one (the
+    first of equals) for `best`, else the last (for `discounted` the program the episode ends with)."""
+    if cfg.reward == "best" and rewards:
+        return max(range(len(rewards)), key=lambda t: (rewards[t], -t))
+    return len(rewards) - 1
+
+
 def improved(rewards: Sequence[float]) -> bool | None:
     """Whether a later turn beat every earlier one (None for a one-turn episode)."""
     if len(rewards) < 2:

@@ -50,6 +50,10 @@ class SmokePolicyConfig:
     # Each warm-start task is also shown at this many other batch sizes, with the same program
     # (opsynth.train.warm_start.size_variant_examples), so the policy answers its tasks at new sizes.
     warm_start_size_variants: int = 2
+    # With turns > 1, also warm-start second turns (opsynth.train.warm_start.revision_examples):
+    # after feedback on a first answer, the program again. Without them every second turn is text
+    # with no program in it, and GRPO pushes that text around with the episode's advantage.
+    warm_start_revisions: bool = True
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -167,7 +171,7 @@ def _recipe_key(cfg: SmokePolicyConfig, texts: list[str], examples: list[tuple[s
     return h.hexdigest()[:16]
 
 
-WARM_START_VERSION = 3  # bumped when the recipe's code changes what it builds (the cache key includes it)
+WARM_START_VERSION = 4  # bumped when the recipe's code changes what it builds (the cache key includes it)
 
 
 def program_log_probs(model, batch: list[tuple[list[int], list[int]]], pad_id: int, temperature: float = 1.0):
@@ -200,9 +204,12 @@ def program_log_probs(model, batch: list[tuple[list[int], list[int]]], pad_id: i
 
 def warm_start(model, tokenizer, examples: list[tuple[str, str]], steps: int, lr: float, target_rate: float = 0.6,
                temperature: float = 1.0, batch_size: int = 16, seed: int = 0, log=print,
-               variants: list[tuple[str, str]] = ()) -> dict[str, Any]:
+               variants: list[tuple[str, str]] = (), revisions: list[tuple[str, str, str, str]] = ()) -> dict[str, Any]:
     """Supervised fine-tuning on (prompt, completion) pairs (`examples`, one per task, and
-    `variants`: more prompts with those answers), the loss on the completion's tokens only, in
+    `variants`: more prompts with those answers) and second turns (`revisions`: (prompt, first
+    answer, feedback, answer), laid out in tokens as a multi-turn episode lays them out: the first
+    answer's tokens and end-of-sequence, then `TurnCodec`'s plain-text feedback tokens), the loss
+    on the completion's tokens only, in
     shuffled minibatches, until sampling at `temperature` writes each completion with probability
     `target_rate` on average over the last pass through them (or `steps` run out). Stopping there,
     not at certainty, leaves sampling some variety for GRPO. On a GPU when there is one (the model
@@ -213,6 +220,12 @@ def warm_start(model, tokenizer, examples: list[tuple[str, str]], steps: int, lr
     pairs = list(examples) + list(variants)
     seqs = [(tokenizer(p, add_special_tokens=False)["input_ids"], tokenizer(c, add_special_tokens=False)["input_ids"] + [eos])
             for p, c in pairs]
+    if revisions:
+        from opsynth.train.episodes import TurnCodec
+
+        codec = TurnCodec(tokenizer, chat=False)
+        ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        seqs += [(ids(p) + ids(first) + [eos] + codec.feedback_ids(fb), ids(c) + [eos]) for p, first, fb, c in revisions]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     threads = torch.get_num_threads()
     if device == "cpu":
@@ -225,10 +238,12 @@ def warm_start(model, tokenizer, examples: list[tuple[str, str]], steps: int, lr
         model.to("cpu")
     log(f"[train] smoke warm start: {info['steps']} steps on {len(examples)} programs"
         + (f" ({len(variants)} more prompts at other sizes)" if variants else "")
+        + (f" (and {len(revisions)} second turns)" if revisions else "")
         + f", loss {info['loss']:.3f}, sampling at temperature {temperature:g} writes a program exactly with "
         f"probability {info['sample_rate']:.2f} on average; greedy decoding reproduces {info['greedy_reproduced']} "
         f"of {len(seqs)}")
-    return {**info, "examples": len(examples), "variants": len(variants), "temperature": temperature,
+    return {**info, "examples": len(examples), "variants": len(variants), "revisions": len(revisions),
+            "temperature": temperature,
             "completion_tokens": [len(c) for _, c in seqs[:len(examples)]]}
 
 
@@ -275,7 +290,7 @@ def _fit(model, tokenizer, seqs, steps: int, lr: float, target_rate: float, temp
 
 def smoke_policy(texts: Iterable[str], cache_dir: str, cfg: SmokePolicyConfig | None = None,
                  examples: Iterable[tuple[str, str]] = (), passages: Sequence[str] = (), temperature: float = 1.0,
-                 variants: Iterable[tuple[str, str]] = ()):
+                 variants: Iterable[tuple[str, str]] = (), revisions: Iterable[tuple[str, str, str, str]] = ()):
     """Build (or reload from `cache_dir`) the smoke-test tokenizer and model for these texts,
     warm-started on `examples` ((prompt, completion) pairs, one per task; `variants`: more prompts
     with those answers) until sampling at `temperature` writes them (see `warm_start`). With examples the tokenizer merges within lines and makes each of
@@ -285,7 +300,9 @@ def smoke_policy(texts: Iterable[str], cache_dir: str, cfg: SmokePolicyConfig | 
 
     cfg = cfg or SmokePolicyConfig()
     texts, examples, passages, variants = list(texts), list(examples), list(passages), list(variants)
-    key = _recipe_key(cfg, texts, examples + variants, extra={"passages": passages, "temperature": temperature})
+    revisions = list(revisions)
+    key = _recipe_key(cfg, texts, examples + variants, extra={"passages": passages, "temperature": temperature,
+                                                              **({"revisions": revisions} if revisions else {})})
     stamp = os.path.join(cache_dir, "smoke_recipe.json")
     if os.path.exists(stamp):
         with open(stamp) as f:
@@ -299,7 +316,8 @@ def smoke_policy(texts: Iterable[str], cache_dir: str, cfg: SmokePolicyConfig | 
     info: dict[str, Any] = {}
     if examples:
         info = warm_start(model, tok, examples, cfg.warm_start_steps, cfg.warm_start_lr, target_rate=cfg.warm_start_rate,
-                          temperature=temperature, batch_size=cfg.warm_start_batch, seed=cfg.seed, variants=variants)
+                          temperature=temperature, batch_size=cfg.warm_start_batch, seed=cfg.seed, variants=variants,
+                          revisions=revisions)
     os.makedirs(cache_dir, exist_ok=True)
     tok.save_pretrained(cache_dir)
     model.save_pretrained(cache_dir)
@@ -334,7 +352,8 @@ def _torch_dtype(name: str):
 
 def load_policy(cfg: PolicyConfig, output_dir: str, corpus: Iterable[str] = (),
                 warm_start_examples: Iterable[tuple[str, str]] = (), passages: Sequence[str] = (),
-                temperature: float = 1.0, warm_start_variants: Iterable[tuple[str, str]] = ()):
+                temperature: float = 1.0, warm_start_variants: Iterable[tuple[str, str]] = (),
+                warm_start_revisions: Iterable[tuple[str, str, str, str]] = ()):
     """(model, tokenizer, chat) for a policy config.
 
     `corpus` (task code and the brief) and `warm_start_examples` ((prompt, completion) pairs) are
@@ -345,7 +364,8 @@ def load_policy(cfg: PolicyConfig, output_dir: str, corpus: Iterable[str] = (),
     """
     if cfg.name_or_path == SMOKE_NAME:
         model, tok = smoke_policy(corpus, os.path.join(output_dir, "smoke_policy"), cfg.smoke, warm_start_examples,
-                                  passages=passages, temperature=temperature, variants=warm_start_variants)
+                                  passages=passages, temperature=temperature, variants=warm_start_variants,
+                                  revisions=warm_start_revisions)
     else:
         from transformers import AutoModelForCausalLM
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from opsynth.train import trl_internals
 from opsynth.train.feedback import format_feedback
-from opsynth.train.episodes import EpisodeConfig, Episode, TurnCodec, TurnTiming, improved, run_episodes
+from opsynth.train.episodes import EpisodeConfig, Episode, TurnCodec, TurnTiming, improved, run_episodes, scored_turn
 from opsynth.train.prompts import completion_text
 from opsynth.train.records import EvalRecord
 from opsynth.train.reward_fn import KernelReward, log_record_metrics
@@ -147,13 +147,16 @@ class MultiTurnRollout:
 
 class EpisodeReward:
     """The GRPO reward of an episode, computed by the rollout (which already judged every turn);
-    logs the outcome of each episode's final program (`kernel/*`), the outcome after each turn
-    (`turn/<t>/*`), and how often a later turn improved on the earlier ones (`episode/improved`)."""
+    logs the outcome of the program each episode is scored by (`kernel/*`: the final one, or the
+    best turn's under `episode_reward=best`, so `kernel/pass_rate` and `reward` describe the same
+    programs), the outcome after each turn (`turn/<t>/*`), and how often a later turn improved on
+    the earlier ones (`episode/improved`)."""
 
     __name__ = "kernel_reward"
 
-    def __init__(self, turns: int):
+    def __init__(self, turns: int, cfg: EpisodeConfig | None = None):
         self.turns = turns
+        self.cfg = cfg or EpisodeConfig(turns=turns)
 
     def __call__(self, prompts: list[Any], completions: list[Any], episode_reward: list[float] | None = None,
                  episode_records: list[list[dict[str, Any]]] | None = None,
@@ -162,7 +165,8 @@ class EpisodeReward:
             raise ValueError("EpisodeReward needs the rollout's episode_reward and episode_records fields")
         if log_metric is not None:
             episodes = [[EvalRecord(**r) for r in recs] for recs in episode_records]
-            log_record_metrics([recs[-1] for recs in episodes], log_metric)
+            log_record_metrics([recs[scored_turn([r.reward for r in recs], self.cfg)] for recs in episodes if recs],
+                               log_metric)
             for t in range(1, self.turns + 1):
                 view = [after_turn(recs, t) for recs in episodes]
                 for r in view:

@@ -271,15 +271,18 @@ def _load_policy(settings: TrainSettings, rows: list[dict[str, Any]], brief: str
     from accelerate import PartialState
 
     from opsynth.train.policy import SMOKE_NAME
-    from opsynth.train.warm_start import passages, size_variant_examples, smoke_examples
+    from opsynth.train.warm_start import passages, revision_examples, size_variant_examples, smoke_examples
 
     examples: list[tuple[str, str]] = []
     variants: list[tuple[str, str]] = []
+    revisions: list[tuple[str, str, str, str]] = []
     device = reward_env_config(settings).resolved_device()
     n = settings.policy.smoke.warm_start_tasks
     if settings.policy.name_or_path == SMOKE_NAME and n != 0:  # its programs are C++ or CUDA, as the reward runs them
         examples = smoke_examples(rows, n, device, brief=brief)
         variants = size_variant_examples(rows, n, settings.policy.smoke.warm_start_size_variants, device, brief=brief)
+        if settings.turns > 1 and settings.policy.smoke.warm_start_revisions:
+            revisions = revision_examples(examples, seed=settings.policy.smoke.seed)
         print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
               f"{'CUDA' if device == 'cuda' else 'C++'} programs"
               + (f" (every one opsynth.train.warm_start can write)" if n is None and examples else "")
@@ -288,7 +291,8 @@ def _load_policy(settings: TrainSettings, rows: list[dict[str, Any]], brief: str
     with PartialState().main_process_first():
         return load_policy(settings.policy, settings.output_dir, corpus=[brief] + [r["code"] for r in rows],
                            warm_start_examples=examples, passages=passages(device, brief),
-                           temperature=grpo_sampling_temperature(settings), warm_start_variants=variants)
+                           temperature=grpo_sampling_temperature(settings), warm_start_variants=variants,
+                           warm_start_revisions=revisions)
 
 
 def grpo_sampling_temperature(settings: TrainSettings) -> float:
@@ -357,7 +361,7 @@ def _grpo_trainer(settings: TrainSettings, rows, model, tokenizer, chat: bool, b
     trainer_cls = _card_writing_trainer(lambda out: write_model_card(out, **card))
     trainer = trainer_cls(
         model=model,
-        reward_funcs=[EpisodeReward(episode.turns)],
+        reward_funcs=[EpisodeReward(episode.turns, episode)],
         args=args,
         train_dataset=Dataset.from_list(records),
         processing_class=tokenizer,

@@ -911,6 +911,40 @@ def size_variant_examples(rows: list[dict[str, Any]], n: int | None, k: int, dev
     return out
 
 
+def revision_examples(examples: list[tuple[str, str]], seed: int = 0) -> list[tuple[str, str, str, str]]:
+    """Second turns to warm-start on, for multi-turn training: for each (prompt, answer) pair, the
+    answer written again after (a) the answer itself judged correct but slow and (b) the answer
+    with one of its own lines dropped, rejected; as (prompt, first answer, feedback text, answer),
+    the feedback worded by `opsynth.train.feedback.format_feedback` as the environment words it.
+    Without them the smoke policy, taught first turns only, fills every second turn with text that
+    holds no program, and GRPO trains on that text with the episode's advantage."""
+    import random
+    from types import SimpleNamespace
+
+    from opsynth.train.feedback import format_feedback
+
+    rng = random.Random(seed)
+    out = []
+    for prompt, ans in examples:
+        for _ in range(2):  # timings vary from run to run: the policy must answer whatever numbers it reads
+            eager = round(10 ** rng.uniform(-1, 1.5), rng.choice((2, 3)))
+            slow = SimpleNamespace(reason="ok", reward=1, correct=True, log="", details={},
+                                   times={"candidate_ms": round(eager * 10 ** rng.uniform(0, 1.2), 3), "eager_ms": eager})
+            out.append((prompt, ans, format_feedback(slow, 1), ans))
+        shared = next((len(program_prefix(d)) for d in HEADER if ans.startswith(program_prefix(d))), len("```python\n"))
+        lines = ans.splitlines(keepends=True)
+        start = ans[:shared].count("\n")
+        own = [i for i in range(start, len(lines) - 1) if lines[i].strip()]  # the task's lines, not the fence
+        if not own:
+            continue
+        k = rng.choice(own)
+        broken = "".join(lines[:k] + lines[k + 1:])
+        bad = SimpleNamespace(reason="syntax_error", reward=-1, correct=False, details={},
+                              log=f"[candidate] rejected: syntax_error: line {k + 1}: invalid syntax")
+        out.append((prompt, broken, format_feedback(bad, 1), ans))
+    return out
+
+
 def passages(device: str = "cpu", brief: str | None = None) -> list[str]:
     """The long texts every warm-start example repeats (the prompt's brief, the program's shared
     extension): the smoke tokenizer makes each one token, so a prompt and an answer are only the

@@ -21,7 +21,7 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
 
     common = ["--sample-seeds", "70", "--scale", "0.25", "--heldout-fraction", "0.3", "--steps", "1", "--turns", "2",
               "--num-generations", "2", "--tasks-per-step", "1", "--max-completion-length", "96", "--score-limit", "1",
-              "--reward-workers", "2", "--out", str(tmp_path)]
+              "--reward-workers", "2", "--limit-tasks", "2", "--out", str(tmp_path)]
     trained = bench.main(common)
     control = bench.main(common + ["--control"])
     assert trained["ok"] and control["ok"] and trained["settings"]["lr"] > 0 and control["settings"]["lr"] == 0
@@ -35,6 +35,8 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
                 "faster_than_compile_after_turn"} <= set(steps[0]) and len(steps[0]["reward_after_turn"]) == 2
         heldout = json.loads((tmp_path / f"{arm}.json").read_text())["heldout"]
         assert "by_turn" in heldout and heldout["n"] >= 1, heldout
+        trained_tasks = json.loads((tmp_path / f"{arm}.json").read_text())["trained_tasks"]
+        assert trained_tasks["n"] == 2, trained_tasks  # the --limit-tasks tasks trained on, scored too
         assert not list((tmp_path / arm / "run").glob("checkpoint-*"))  # weights are not kept
     summary = bench.main(["--summarize", str(tmp_path)])
     for key in ("trained_first_reward", "trained_last_reward", "control_last_reward", "control_step_std"):

@@ -15,7 +15,7 @@ import pytest
 
 from opsynth.reward.eval_types import EvalResult
 from opsynth.reward.reasons import REASONS, RULES
-from opsynth.train.episodes import EpisodeConfig, TurnCodec, episode_reward, improved, run_episodes
+from opsynth.train.episodes import EpisodeConfig, TurnCodec, episode_reward, improved, run_episodes, scored_turn
 from opsynth.train.feedback import format_feedback
 from opsynth.train.records import record_from_result
 from opsynth.train.rollout import EpisodeReward, after_turn
@@ -273,6 +273,14 @@ def test_episode_metrics_per_turn_and_improvement_rate():
     assert mean["episode/improved"] == pytest.approx(1 / 3)  # of the three that took a second turn
     assert mean["kernel/pass_rate"] == 0.5 and mean["episode/turns"] == pytest.approx(7 / 4)
     assert after_turn(episodes[0], 2).reward == 3
+    # Scored by the best turn: kernel/* describes the programs the reward does ([3], [-1, 3], [1, -1], [-1, -1]).
+    best: dict[str, list[float]] = {}
+    EpisodeReward(turns=2, cfg=EpisodeConfig(turns=2, reward="best"))(
+        prompts=[None] * 4, completions=[None] * 4, episode_reward=[3, 3, 1, -1],
+        episode_records=[[r.to_dict() for r in e] for e in episodes], log_metric=lambda k, v: best.setdefault(k, []).append(v))
+    assert sum(best["kernel/pass_rate"]) / 4 == 0.75 and sum(best["turn/2/pass_rate"]) / 4 == 0.5
+    assert scored_turn([1, -1], EpisodeConfig(reward="best")) == 0 and scored_turn([1, -1], EpisodeConfig()) == 1
+    assert scored_turn([1, 3, 3], EpisodeConfig(reward="best")) == 1
 
 
 # ---- training: a tiny policy learns to read the fix ---------------------------------------------
