@@ -178,7 +178,7 @@ def run_arm(args) -> dict:
         trainer=dict(steps=args.steps, learning_rate=args.lr, beta=0.0, num_generations=args.num_generations,
                      per_device_train_batch_size=args.num_generations * args.tasks_per_step,
                      max_completion_length=args.max_completion_length, temperature=args.temperature,
-                     save_steps=10_000, loss_type="dapo", bf16=False, lr_scheduler_type="constant"),
+                     save_steps=10_000, loss_type=args.loss_type, optim=args.optim, bf16=False, lr_scheduler_type="constant"),
     )
     try:
         result = train(settings, callbacks=_callbacks(args.budget_s, run_dir, steps_path, args.turns))
@@ -313,6 +313,10 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (0: the control)")
     p.add_argument("--control", action="store_true", help="the control arm: learning_rate=0")
+    p.add_argument("--optim", default="adamw_torch", help="transformers' optim (sgd: a step in proportion to the "
+                   "gradient; Adam moves every weight by about the learning rate from the first step, noise included)")
+    p.add_argument("--loss-type", default="grpo", help="TRL's loss_type (grpo: each episode's tokens averaged "
+                   "on their own, so the long failed episodes do not outweigh the short correct ones as under dapo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warm-start-rate", type=float, default=0.6)
     p.add_argument("--size-variants", type=int, default=2)
