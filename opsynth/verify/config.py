@@ -107,6 +107,10 @@ class VerifyConfig:
     # median (0: always run the full count). Saves device time on stable GPU timings.
     timing_rel_tol: float = 0.0
     # Serialise timing across all workers (and pools) on one device with a file lock.
+    # CUDA: a timed call waits until no other worker's checks run on the device, and none start
+    # meanwhile (the request's memory share let go for an exclusive timing section); off: only
+    # other timings are kept out, and checks beside a timing make it read high.
+    quiet_timing: bool = True
     serialize_timing: bool = True  # the lock's folder is one per machine: opsynth.runtime.device_lock
 
     # Confine every worker with the runtime's sandbox (opsynth.runtime.isolation) before any task

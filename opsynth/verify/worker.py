@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from . import protocol
 from .config import CUDA_USABLE, VerifyConfig
-from opsynth.runtime.device_lock import device_share
+from opsynth.runtime.device_lock import HeldShare
 from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, median_ms
 
 # Reasons after which the worker's state cannot be trusted (a poisoned CUDA context, a task that
@@ -144,6 +144,7 @@ class Worker:
             self.device_mem_mb = None
         self.lock_file = device_lock_path(self.device, 0) if cfg.serialize_timing else None  # the pool set its folder
         self._lock_depth = 0
+        self._share: HeldShare | None = None
         # What this request spent where: [kind, start, end] in wall-clock seconds (comparable across
         # the processes of one host), kinds "checks", "compile", "timing"; and the lock wait.
         self.sections: list[list] = []
@@ -186,11 +187,21 @@ class Worker:
     def memory_share(self, exclusive: bool):
         """On CUDA, the device's memory for this request: shared with the other workers' requests,
         or whole for a request retried after running out of GPU memory beside them
-        (`opsynth.runtime.device_lock.device_share`). Off on CPU (each worker has its own address-space
-        limit) and without the shared lock folder."""
+        (`opsynth.runtime.device_lock.HeldShare`, kept as `self._share` so that timing can let it
+        go). Off on CPU (each worker has its own address-space limit) and without the shared lock folder."""
         if self.device != "cuda" or self.lock_file is None:
             return nullcontext()
-        return device_share(self.lock_file, exclusive, **self._lock_wait_events())
+        self._share = HeldShare(self.lock_file, exclusive, **self._lock_wait_events())
+        return self._share
+
+    def _timing_hold(self):
+        """What a timed call holds: with a shared memory share (CUDA), the device to itself
+        (`HeldShare.timing`: no other worker's checks beside it, `verify.quiet_timing`); else the
+        timing lock (re-entrant: a request holding the memory whole holds it already)."""
+        share = getattr(self, "_share", None)
+        if self.cfg.quiet_timing and share is not None and share.held and not share.exclusive:
+            return share.timing()
+        return self.timing_lock()
 
     def _lock_wait_events(self) -> dict:
         """Tell the parent when a lock wait starts and ends, so the wait does not count against the
@@ -204,7 +215,7 @@ class Worker:
         c = self.cfg
         asked = time.time()
         self.sections.append(["compile" if self._compiling else "checks", since, asked])
-        with self.timing_lock():
+        with self._timing_hold():
             start = time.time()
             self.lock_wait_s += start - asked
             try:
@@ -406,6 +417,7 @@ class Worker:
         op = msg.get("op")
         reply: dict[str, Any]
         self.sections, self.lock_wait_s, self._compiling = [], 0.0, op == "compile"
+        self._share = None  # memory_share sets it for this request
         started = time.time()
         try:
             exclusive = bool(msg.get("exclusive"))

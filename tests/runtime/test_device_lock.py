@@ -179,3 +179,56 @@ def test_a_timing_section_runs_alone_and_checks_share_the_device(tmp_path):
         assert not _overlap(spans["t"], spans[other]), (other, spans)
     control = _checks_then(tmp_path, "timing_lock_only")
     assert _overlap(control["t"], control["c0"]) or _overlap(control["t"], control["late"]), control
+
+
+# --- the verifier's timing inside a request's memory share (HeldShare) ------------------------------
+
+def _share_then_time(path: str, log: str, quiet: bool, got_share) -> None:
+    """A verifier request: its memory share (HeldShare), then a timed call inside it, quiet (the
+    share let go for a timing section) or not (the timing lock only, as before); logs the timing."""
+    import time
+
+    from opsynth.runtime.device_lock import HeldShare, file_lock
+
+    with HeldShare(path) as share:
+        got_share.set()
+        time.sleep(0.2)
+        with (share.timing() if quiet else file_lock(path)):
+            with open(log, "a") as f:
+                f.write(f"t in {time.monotonic():.4f}\n")
+            time.sleep(0.5)
+            with open(log, "a") as f:
+                f.write(f"t out {time.monotonic():.4f}\n")
+        assert share.held  # the share is taken again for the rest of the request
+        with open(log, "a") as f:
+            f.write(f"after in {time.monotonic():.4f}\nafter out {time.monotonic():.4f}\n")
+
+
+def _request_beside_checks(tmp_path, quiet: bool) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    path, log = str(tmp_path / "cuda0.lock"), tmp_path / f"log_{quiet}"
+    device_lock.create_lock_files(path)
+    ready, got = ctx.Event(), ctx.Event()
+    checker = ctx.Process(target=_hold, args=(path, "checks", 1.2, str(log), "c", ready))
+    checker.start()
+    assert ready.wait(60)
+    request = ctx.Process(target=_share_then_time, args=(path, str(log), quiet, got))
+    request.start()
+    assert got.wait(60)  # the request shares the device with the checker
+    for p in (checker, request):
+        p.join(60)
+        assert p.exitcode == 0
+    return _spans(log)
+
+
+def test_a_verifier_request_times_alone_although_it_holds_a_share(tmp_path):
+    """flock cannot upgrade a shared lock, so a request holding its memory share lets it go, times
+    in a timing section (after the other worker's checks), and takes the share again. Control: the
+    timing lock alone inside the share (the verifier before) times beside the checks."""
+    spans = _request_beside_checks(tmp_path, quiet=True)
+    assert not _overlap(spans["t"], spans["c"]), spans
+    assert spans["after"][0] >= spans["t"][1]
+    control = _request_beside_checks(tmp_path, quiet=False)
+    assert _overlap(control["t"], control["c"]), control
