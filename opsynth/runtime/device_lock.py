@@ -219,6 +219,20 @@ class HeldShare:
         self._drop()
 
     @contextmanager
+    def released(self) -> Iterator[None]:
+        """The share let go for work that must not hold up a timing section (the verifier's
+        torch.compile call, seconds of code generation on the CPU around a few launches), taken
+        again after. No-op for a share held whole or not held."""
+        if self.exclusive or self._cm is None:
+            yield
+            return
+        self._drop()
+        try:
+            yield
+        finally:
+            self._take()
+
+    @contextmanager
     def timing(self) -> Iterator[None]:
         if self.exclusive or self._cm is None:
             with file_lock(self.lock_file, **self._events):

@@ -232,3 +232,55 @@ def test_a_verifier_request_times_alone_although_it_holds_a_share(tmp_path):
     assert spans["after"][0] >= spans["t"][1]
     control = _request_beside_checks(tmp_path, quiet=False)
     assert _overlap(control["t"], control["c"]), control
+
+
+def _share_and_release(path: str, log: str, got_share, released) -> None:
+    """A compile request: its share, then the compile call with the share let go (HeldShare.released)."""
+    import time
+
+    from opsynth.runtime.device_lock import HeldShare
+
+    with HeldShare(path) as share:
+        got_share.set()
+        with share.released():
+            assert not share.held
+            released.set()
+            with open(log, "a") as f:
+                f.write(f"r in {time.monotonic():.4f}\n")
+            time.sleep(1.0)
+            with open(log, "a") as f:
+                f.write(f"r out {time.monotonic():.4f}\n")
+        assert share.held
+
+
+def test_a_timing_section_does_not_wait_for_a_share_let_go_for_a_compile(tmp_path):
+    """While a request's share is released (the verifier's torch.compile call), a timing section
+    gets in; control: the same request holding its share makes the timing wait for it."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    path, log = str(tmp_path / "cuda0.lock"), tmp_path / "log"
+    device_lock.create_lock_files(path)
+    got, released = ctx.Event(), ctx.Event()
+    request = ctx.Process(target=_share_and_release, args=(path, str(log), got, released))
+    request.start()
+    assert released.wait(60)
+    timer = ctx.Process(target=_hold, args=(path, "timing", 0.2, str(log), "t"))
+    timer.start()
+    for p in (request, timer):
+        p.join(60)
+        assert p.exitcode == 0
+    spans = _spans(log)
+    assert _overlap(spans["t"], spans["r"]), spans
+    control_log = tmp_path / "control"
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold, args=(path, False, 1.0, str(control_log), "r", ready))  # a share kept
+    holder.start()
+    assert ready.wait(60)
+    timer = ctx.Process(target=_hold, args=(path, "timing", 0.2, str(control_log), "t"))
+    timer.start()
+    for p in (holder, timer):
+        p.join(60)
+        assert p.exitcode == 0
+    control = _spans(control_log)
+    assert not _overlap(control["t"], control["r"]), control
