@@ -178,7 +178,9 @@ def run_arm(args) -> dict:
         trainer=dict(steps=args.steps, learning_rate=args.lr, beta=0.0, num_generations=args.num_generations,
                      per_device_train_batch_size=args.num_generations * args.tasks_per_step,
                      max_completion_length=args.max_completion_length, temperature=args.temperature,
-                     save_steps=10_000, loss_type=args.loss_type, optim=args.optim, bf16=False, lr_scheduler_type="constant"),
+                     save_steps=10_000, loss_type=args.loss_type, optim=args.optim, bf16=False,
+                     lr_scheduler_type="constant_with_warmup" if args.warmup_steps else "constant",
+                     warmup_steps=args.warmup_steps),
     )
     try:
         result = train(settings, callbacks=_callbacks(args.budget_s, run_dir, steps_path, args.turns))
@@ -243,8 +245,10 @@ def _print_arm(report: dict) -> None:
     for key, label in (("heldout", "held-out"), ("trained_tasks", "trained tasks, greedy")):
         h = report.get(key) or {}
         if "reward_mean" in h:
+            first = (h.get("by_turn") or [{}])[0]
             print(f"{label} ({h.get('n')} episodes): reward {_fmt(h['reward_mean'])} pass {_fmt(h['pass_rate'])} "
-                  f">eager {_fmt(h['faster_than_eager_rate'])} >compile {_fmt(h['faster_than_compile_rate'])}")
+                  f">eager {_fmt(h['faster_than_eager_rate'])} >compile {_fmt(h['faster_than_compile_rate'])}; "
+                  f"first turn: reward {_fmt(first.get('reward_mean'))} pass {_fmt(first.get('pass_rate'))}")
     print(f"ok={report.get('ok')} steps={report.get('global_step')} wall={report['wall_s']} s")
 
 
@@ -285,7 +289,9 @@ def summarize(folder: str, window: int = 3) -> dict:
                                              "control_last_reward", "control_step_std", "learned")}, indent=2))
     for a in ("trained", "control"):
         t = out["trained_tasks"].get(a) or {}
-        print(f"trained tasks {a}: reward {_fmt(t.get('reward_mean'))} pass {_fmt(t.get('pass_rate'))}")
+        t1 = (t.get("by_turn") or [{}])[0]
+        print(f"trained tasks {a}: reward {_fmt(t.get('reward_mean'))} pass {_fmt(t.get('pass_rate'))}; first turn: "
+              f"reward {_fmt(t1.get('reward_mean'))} pass {_fmt(t1.get('pass_rate'))}")
         h = out["heldout"].get(a) or {}
         print(f"held-out {a}: reward {_fmt(h.get('reward_mean'))} pass {_fmt(h.get('pass_rate'))} "
               f">eager {_fmt(h.get('faster_than_eager_rate'))} >compile {_fmt(h.get('faster_than_compile_rate'))}")
@@ -313,6 +319,8 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (0: the control)")
     p.add_argument("--control", action="store_true", help="the control arm: learning_rate=0")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up (Adam's first steps "
+                   "move every weight by about the learning rate: at 1e-3 and up they undo the warm start)")
     p.add_argument("--optim", default="adamw_torch", help="transformers' optim (sgd: a step in proportion to the "
                    "gradient; Adam moves every weight by about the learning rate from the first step, noise included)")
     p.add_argument("--loss-type", default="grpo", help="TRL's loss_type (grpo: each episode's tokens averaged "

@@ -154,11 +154,12 @@ def _checks_section(stats: RunStats) -> list[str]:
             sizes += (f" {cm['near_edge_rows']:,} rows measured within 25 % of an edge of the acceptance window: "
                       "a rerun whose timings are that far off could reject them (every other decision is made "
                       "without a clock).")
-    if v.get("mem_safety"):
+    safety = v.get("mem_safety_cuda", v.get("mem_safety")) if kind == "cuda" else v.get("mem_safety")
+    if safety:
         budget = (stats.thresholds or {}).get("task_mem_budget_mb") or v.get("task_mem_budget_mb")
         sizes += (" Memory is admitted before anything runs: the memory a verifier request holds (weights, two input "
                   "sets and a clone, the outputs the checks compare, the running forward), predicted on the same meta "
-                  f"tensors, times {v.get('mem_safety'):g} must fit the "
+                  f"tensors, times {safety:g} must fit the "
                   + (f"{budget:,.0f} MB" if budget else "memory")
                   + " one request may use on the device (its share among the workers on it); `batch_size` stays "
                   "within it, and a candidate whose target needs more is rejected as `predicted_oom` without running.")

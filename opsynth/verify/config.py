@@ -78,7 +78,8 @@ class VerifyConfig:
     # on CPU the address-space growth a worker may have, `cpu_mem_limit_gb`. mem_safety 0: off.
     # Sizes depend on the budget: for the same rows on machines of different memory, set it.
     task_mem_budget_mb: float = 0.0
-    mem_safety: float = 2.5  # opsynth.verify.sizing says what it was measured to cover
+    mem_safety: float = 2.5  # on CPU; opsynth.verify.sizing says what it was measured to cover
+    mem_safety_cuda: float = 1.5  # on CUDA (measured request / predicted: max 1.27 on the H200)
 
     # torch.compile settings; "inductor" is what the dataset promises, "aot_eager" or "eager" are
     # much faster to compile and useful in tests.
@@ -189,9 +190,10 @@ class VerifyConfig:
             median, p90 = self.targets(dev)
             if not 0 < median < p90:
                 raise ValueError(f"verify targets on {dev} need 0 < median < p90, got {median} and {p90}")
-        if self.task_mem_budget_mb < 0 or self.mem_safety < 0:
-            raise ValueError(f"verify.task_mem_budget_mb and verify.mem_safety must be >= 0 (0: derived / off), "
-                             f"got {self.task_mem_budget_mb} and {self.mem_safety}")
+        if self.task_mem_budget_mb < 0 or self.mem_safety < 0 or self.mem_safety_cuda < 0:
+            raise ValueError(f"verify.task_mem_budget_mb, verify.mem_safety and verify.mem_safety_cuda must be >= 0 "
+                             f"(0: derived / off), got {self.task_mem_budget_mb}, {self.mem_safety} and "
+                             f"{self.mem_safety_cuda}")
         if self.band_margin < 1:
             raise ValueError(f"verify.band_margin must be >= 1, got {self.band_margin}")
         rates = [k for k in ("cost_tflops", "cost_gbps", "cost_gelems") if getattr(self, k) <= 0
@@ -226,6 +228,10 @@ class VerifyConfig:
         if device == "cpu":
             return DeviceLimits(self.cpu_min_ms, self.cpu_max_ms, self.cpu_mem_cap_gb, self.cpu_mem_limit_gb)
         return DeviceLimits(self.min_ms, self.max_ms, self.mem_cap_gb, self.mem_limit_gb)
+
+    def safety(self, device: str) -> float:
+        """The memory admission's safety factor on `device` (0: admission off)."""
+        return self.mem_safety_cuda if device == "cuda" else self.mem_safety
 
     def task_memory_budget_mb(self, device: str, device_mem_mb: float | None = None, sharers: int = 1) -> float:
         """The memory one verifier request may use (`task_mem_budget_mb`, else derived): on CUDA the

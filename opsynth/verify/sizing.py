@@ -50,8 +50,11 @@ MEM_SHARE = 0.5
 # benchmarks/results/peak_memory_cpu.json) the measured request peak was 0.79x to 2.53x
 # `request_bytes` (median 1.16, 90th percentile 1.93; the highest are operators that eager runs
 # as several kernels with temporaries alive together: LocalResponseNorm, lp_pool, softmax), against
-# 1.39x to 6.0x the first-forward `peak_bytes` (median 3.0). Not yet measured on a GPU:
-# `benchmarks/peak_memory.py --device cuda` does it.
+# 1.39x to 6.0x the first-forward `peak_bytes` (median 3.0). On the H200 (180 sampled graphs above
+# 8 MB, benchmarks/results/peak_memory_h200/) it was 0.60x to 1.27x `request_bytes` (median 0.78,
+# 90th percentile 0.90): the CUDA caching allocator reuses freed blocks where the CPU's malloc
+# keeps arenas, so `mem_safety_cuda` is 1.5, not 2.5; 2.5 rejected about half of the candidates
+# as `predicted_oom` there (793 in the 500-row audit, 127 of 255 in a 3-minute window).
 # BatchNorm in training mode (the task's default) needs two rows; the sampler's floor is 2 as well.
 MIN_BATCH = 2
 MAX_BATCH = 1 << 24
@@ -135,7 +138,8 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
     cap = cfg.limits(device).mem_cap_gb * 2**30 * MEM_SHARE / steps
     if budget_mb is None:
         budget_mb = cfg.task_memory_budget_mb(device)
-    admit = budget_mb * 2**20 / cfg.mem_safety / steps if cfg.mem_safety > 0 else None
+    safety = cfg.safety(device)
+    admit = budget_mb * 2**20 / safety / steps if safety > 0 else None
     target = draw_target_ms(seed, cfg, device)
     lo, hi = target_window(cfg, device)
     costs = _Costs(graph, catalog)
@@ -161,7 +165,7 @@ def choose_batch(graph: OpGraph, catalog, seed: int, cfg: VerifyConfig, device: 
 
     def over_budget(batch: int, c) -> str:
         return (f"predicted {steps * c.request_bytes / 2**20:.1f} MB per verifier request at batch_size {batch}, "
-                f"x mem_safety {cfg.mem_safety:g}, is above the {budget_mb:.0f} MB one request may use")
+                f"x mem_safety {safety:g}, is above the {budget_mb:.0f} MB one request may use")
 
     # Largest batch within the memory budget (peak memory grows with the batch), by doubling then
     # bisection; runtime grows with the batch too, so the same search finds the target.

@@ -94,6 +94,21 @@ def test_sizing_shrinks_to_the_budget_or_rejects_and_stays_deterministic(catalog
         choose_batch(g, catalog, seed, VerifyConfig(**{**BIG, "mem_safety": 0}), "cpu", budget_mb=1e9)
 
 
+def test_cuda_admits_with_its_own_safety_factor(catalog):
+    """On CUDA the request peak stayed within 1.27x the prediction (the H200's caching allocator),
+    on the CPU within 2.53x: each device's factor is its own, so a GPU run is not cut to the CPU's."""
+    g, seed = pointwise(), 7
+    cpu_like = VerifyConfig(**{**BIG, "mem_safety_cuda": 2.5})
+    cuda = VerifyConfig(**BIG)
+    assert cuda.safety("cuda") == 1.5 and cuda.safety("cpu") == cuda.mem_safety == 2.5
+    wide = choose_batch(g, catalog, seed, cuda, "cuda", budget_mb=256)
+    narrow = choose_batch(g, catalog, seed, cpu_like, "cuda", budget_mb=256)
+    assert narrow.predicted_request_mb * 2.5 <= 256 and wide.predicted_request_mb * 1.5 <= 256
+    assert wide.predicted_request_mb > narrow.predicted_request_mb or wide.batch > narrow.batch, (wide, narrow)
+    with pytest.raises(ValueError, match="mem_safety_cuda"):
+        VerifyConfig(mem_safety_cuda=-1)
+
+
 def test_no_verifier_work_on_a_candidate_that_cannot_fit(catalog):
     """The verifier child may grow by 0.5 GB. Control: without admission, the candidate is sized
     for its runtime target, sent, and the verifier reports `oom`. With it: shrunk, the same
