@@ -305,10 +305,10 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--scale", type=float, default=1.0, help="sampler size scale (1.0: GPU sizes)")
     p.add_argument("--tasks", default="lowerable", choices=["lowerable", "all"])
     p.add_argument("--heldout-fraction", type=float, default=0.15)
-    p.add_argument("--limit-tasks", type=int, default=24,
+    p.add_argument("--limit-tasks", type=int, default=8,
                    help="train (and warm-start) on the first N training tasks, so each recurs in the steps (0: all)")
-    p.add_argument("--steps", type=int, default=36)
-    p.add_argument("--budget-s", type=float, default=330.0, help="training stops after the step that ends past this")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--budget-s", type=float, default=420.0, help="training stops after the step that ends past this")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--episode-reward", default="best", choices=["last", "best", "discounted"],
                    help="best (default): the smoke policy is warm-started on first turns only, so its revisions "
@@ -317,7 +317,9 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--tasks-per-step", type=int, default=2)
     p.add_argument("--max-completion-length", type=int, default=160, help="tokens per turn")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (0: the control)")
+    p.add_argument("--lr", type=float, default=3e-4, help="learning rate (0: the control). Adam at 1e-3 and up "
+                   "undoes the warm start faster than GRPO's signal builds (CPU sweeps: "
+                   "benchmarks/results/train_learning_h200/attempts/cpu_sweeps.json)")
     p.add_argument("--control", action="store_true", help="the control arm: learning_rate=0")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up (Adam's first steps "
                    "move every weight by about the learning rate: at 1e-3 and up they undo the warm start)")
@@ -330,7 +332,7 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--size-variants", type=int, default=2)
     p.add_argument("--warm-start-steps", type=int, default=4000, help="at most; it stops at --warm-start-rate")
     p.add_argument("--reward-workers", type=int, default=None)
-    p.add_argument("--score-limit", type=int, default=24, help="held-out tasks scored (0: no scoring; -1: all)")
+    p.add_argument("--score-limit", type=int, default=8, help="held-out tasks scored (0: no scoring; -1: all)")
     p.add_argument("--score-samples", type=int, default=1)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--summarize", default=None, help="write summary.json from trained.json and control.json in DIR")
