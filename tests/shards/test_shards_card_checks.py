@@ -28,10 +28,15 @@ def test_the_card_names_the_sizing_and_which_checks_are_exact(tmp_path, make_row
     s.accept(12)
     body = write_card(tmp_path / "ds", s).read_text()
     assert "## Sizes and checks" in body
+    cpu = RunStats(device="cpu", config={"verify": dataclasses.asdict(VerifyConfig())},
+                   reference_rates={"device_kind": "cpu", "tflops": 1.0, "gbps": 10.0, "gelems": 1.0, "kernel_us": 5.0})
+    cpu.accept(12)
+    assert "times 2.5 must fit the" in write_card(tmp_path / "ds", cpu).read_text()
     assert "50 TFLOP/s, 3,900 GB/s, 500 G exp/s, 6 us per kernel call" in body and "measured `NVIDIA H200` at 51.2 TFLOP/s" in body
     assert "median 1.10 (10th to 90th percentile 0.50 to 2.50)" in body and "1 rows measured within 25 %" in body
     assert "inside [1.0 x (1 + 0.2), 100.0 x (1 - 0.1)] ms" in body
-    assert "times 2.5 must fit the 17,261 MB one request may use" in body and "`predicted_oom`" in body
+    # a CUDA run names the CUDA factor (verify.mem_safety_cuda), not the CPU's
+    assert "times 1.5 must fit the 17,261 MB one request may use" in body and "`predicted_oom`" in body
     assert "| finite, not constant | no NaN or Inf; not every element equal to the first | bitwise |" in body
     assert "atol 1e-06, rtol 1e-05 | tolerance (cuDNN algorithms and atomics may reorder sums) |" in body
     for line in ("| runs that built this folder | 2 |", "| rows present when the last run started | 7 |",
