@@ -308,7 +308,7 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--limit-tasks", type=int, default=8,
                    help="train (and warm-start) on the first N training tasks, so each recurs in the steps (0: all)")
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--budget-s", type=float, default=420.0, help="training stops after the step that ends past this")
+    p.add_argument("--budget-s", type=float, default=380.0, help="training stops after the step that ends past this")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--episode-reward", default="best", choices=["last", "best", "discounted"],
                    help="best (default): the smoke policy is warm-started on first turns only, so its revisions "
