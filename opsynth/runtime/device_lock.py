@@ -238,9 +238,5 @@ class HeldShare:
             with file_lock(self.lock_file, **self._events):
                 yield
             return
-        self._drop()
-        try:
-            with timing_section(self.lock_file, **self._events):
-                yield
-        finally:
-            self._take()
+        with self.released(), timing_section(self.lock_file, **self._events):
+            yield

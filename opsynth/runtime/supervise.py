@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import psutil
+
+
+# How long stop_tree waits for its SIGSTOPs to take effect (normally microseconds).
+STOP_SETTLE_S = 1.0
 
 
 def kill_group(pid: int) -> None:
@@ -65,9 +70,14 @@ def tree_pids(pid: int) -> list[int]:
         return []
 
 
-def stop_tree(pid: int) -> list[int]:
+def stop_tree(pid: int, settle_s: float = STOP_SETTLE_S) -> list[int]:
     """SIGSTOP `pid` and everything below it, top first (a stopped process spawns nothing more), then
-    once more for anything started meanwhile; returns the pids stopped (for `continue_pids`)."""
+    once more for anything started meanwhile; returns the pids stopped (for `continue_pids`).
+
+    SIGSTOP is delivered asynchronously: a compiler running on another core keeps running until the
+    kernel gets to it. A timing that starts right after the kill can overlap it (CI saw a build still
+    `running` inside a quiet window), so this returns only once each process reads stopped (or gone,
+    or `settle_s` has passed: one in uninterruptible sleep stops when its I/O ends)."""
     stopped: list[int] = []
     for _ in range(2):
         for p in tree_pids(pid):
@@ -77,7 +87,35 @@ def stop_tree(pid: int) -> list[int]:
                     stopped.append(p)
                 except OSError:
                     pass
+    wait_stopped(stopped, settle_s)
     return stopped
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of `pid` from /proc (R, S, D, T, t, Z, ...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    tail = stat[stat.rfind(b")") + 2 :]  # the command name may hold spaces and parentheses
+    return tail[:1].decode() or None
+
+
+_STOPPED_STATES = {None, "T", "t", "Z", "X", "x"}
+
+
+def wait_stopped(pids, settle_s: float) -> bool:
+    """Wait until every one of `pids` is stopped or gone (True), or `settle_s` passed (False)."""
+    deadline = time.monotonic() + settle_s
+    pending = list(pids)
+    while True:
+        pending = [p for p in pending if process_state(p) not in _STOPPED_STATES]
+        if not pending:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0005)
 
 
 def continue_pids(pids) -> None:

@@ -217,14 +217,14 @@ def warm_start(model, tokenizer, examples: list[tuple[str, str]], steps: int, lr
     import torch
 
     eos = tokenizer.eos_token_id
-    pairs = list(examples) + list(variants)
-    seqs = [(tokenizer(p, add_special_tokens=False)["input_ids"], tokenizer(c, add_special_tokens=False)["input_ids"] + [eos])
-            for p, c in pairs]
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    seqs = [(ids(p), ids(c) + [eos]) for p, c in [*examples, *variants]]
     if revisions:
         from opsynth.train.episodes import TurnCodec
 
         codec = TurnCodec(tokenizer, chat=False)
-        ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         seqs += [(ids(p) + ids(first) + [eos] + codec.feedback_ids(fb), ids(c) + [eos]) for p, first, fb, c in revisions]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     threads = torch.get_num_threads()

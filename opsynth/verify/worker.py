@@ -198,10 +198,8 @@ class Worker:
         """What a timed call holds: with a shared memory share (CUDA), the device to itself
         (`HeldShare.timing`: no other worker's checks beside it, `verify.quiet_timing`); else the
         timing lock (re-entrant: a request holding the memory whole holds it already)."""
-        share = self._share
-        if self.cfg.quiet_timing and share is not None and share.held and not share.exclusive:
-            return share.timing()
-        return self.timing_lock()
+        share = self._quiet_share()
+        return share.timing() if share is not None else self.timing_lock()
 
     def _compiling_aside(self):
         """The first torch.compile'd call (inductor's code generation, seconds of CPU work around a
@@ -210,10 +208,15 @@ class Worker:
         other worker's request behind it (44 accepted/min on the H200 against 124 without quiet
         timing; benchmarks/results/quiet_timing_h200/). Its launches may land beside a timing;
         the timed median is robust to that, the comparisons and compile_ms are timed under the share."""
+        share = self._quiet_share()
+        return share.released() if share is not None else nullcontext()
+
+    def _quiet_share(self) -> HeldShare | None:
+        """This request's memory share when quiet timing may let it go (held, and not whole)."""
         share = self._share
         if self.cfg.quiet_timing and share is not None and share.held and not share.exclusive:
-            return share.released()
-        return nullcontext()
+            return share
+        return None
 
     def _lock_wait_events(self) -> dict:
         """Tell the parent when a lock wait starts and ends, so the wait does not count against the

@@ -259,28 +259,24 @@ def test_a_timing_section_does_not_wait_for_a_share_let_go_for_a_compile(tmp_pat
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    path, log = str(tmp_path / "cuda0.lock"), tmp_path / "log"
+    path, log, control_log = str(tmp_path / "cuda0.lock"), tmp_path / "log", tmp_path / "control"
     device_lock.create_lock_files(path)
+
+    def timed_beside(first, ready, log) -> dict:
+        """Start `first`, and a 0.2 s timing section once `ready` is set; both spans."""
+        first.start()
+        assert ready.wait(60)
+        timer = ctx.Process(target=_hold, args=(path, "timing", 0.2, str(log), "t"))
+        timer.start()
+        for p in (first, timer):
+            p.join(60)
+            assert p.exitcode == 0
+        return _spans(log)
+
     got, released = ctx.Event(), ctx.Event()
-    request = ctx.Process(target=_share_and_release, args=(path, str(log), got, released))
-    request.start()
-    assert released.wait(60)
-    timer = ctx.Process(target=_hold, args=(path, "timing", 0.2, str(log), "t"))
-    timer.start()
-    for p in (request, timer):
-        p.join(60)
-        assert p.exitcode == 0
-    spans = _spans(log)
+    spans = timed_beside(ctx.Process(target=_share_and_release, args=(path, str(log), got, released)), released, log)
     assert _overlap(spans["t"], spans["r"]), spans
-    control_log = tmp_path / "control"
-    ready = ctx.Event()
-    holder = ctx.Process(target=_hold, args=(path, False, 1.0, str(control_log), "r", ready))  # a share kept
-    holder.start()
-    assert ready.wait(60)
-    timer = ctx.Process(target=_hold, args=(path, "timing", 0.2, str(control_log), "t"))
-    timer.start()
-    for p in (holder, timer):
-        p.join(60)
-        assert p.exitcode == 0
-    control = _spans(control_log)
+    ready = ctx.Event()  # a share kept
+    control = timed_beside(ctx.Process(target=_hold, args=(path, False, 1.0, str(control_log), "r", ready)), ready,
+                           control_log)
     assert not _overlap(control["t"], control["r"]), control
