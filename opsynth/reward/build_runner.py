@@ -39,37 +39,74 @@ def _write_upload(src_dir: str, files: dict) -> list[str]:
     return paths
 
 
+def _compile(req: dict, pch_dir: str | None, build_name: str, out: str) -> str:
+    """Build one request in `out`; the library's path (raises what torch's build raises)."""
+    import torch.utils.cpp_extension as ce
+
+    os.makedirs(out, exist_ok=True)
+    args = dict(req.get("args") or {})
+    if pch_dir:
+        cflags = args.get("extra_cflags") or []
+        args["extra_cflags"] = [f"-I{pch_dir}", *([cflags] if isinstance(cflags, str) else cflags)]
+    # Include paths are names inside the upload (build_flags checked them): this build's folder only.
+    src_dir = os.path.realpath(os.path.join(out, "src"))
+    os.makedirs(src_dir, exist_ok=True)
+    paths = _write_upload(src_dir, req.get("files") or {})
+    inc = [_in_upload(src_dir, p) for p in (args.pop("extra_include_paths", None) or [])]
+    if req["kind"] == "inline":
+        return ce.load_inline(name=build_name, build_directory=out, extra_include_paths=inc, verbose=False, **args)
+    srcs = [p for p in paths if p.endswith((".cu", ".cpp", ".cc", ".cxx"))]
+    return ce.load(name=build_name, sources=srcs, build_directory=out, extra_include_paths=inc + [src_dir], verbose=False, **args)
+
+
+def _light_may_be_to_blame(error: str) -> bool:
+    """Whether a failed build with lightened `.cu` headers may pass as written. ninja names each failed
+    step (`FAILED: main.o`); when every one is a C++ object, whose text was not touched, the sources as
+    written fail the same way and building them again would only double the wait. Anything else (a
+    CUDA object, the link, no step named) may be the lighter header's doing."""
+    import re
+
+    failed = re.findall(r"^FAILED: (?:\[code=\d+\] )?(\S+)", error, re.M)
+    return not failed or any(not f.endswith(".o") or f.endswith(".cuda.o") for f in failed)
+
+
 def run(job: dict) -> dict:
     import torch.utils.cpp_extension as ce
 
+    from opsynth.reward.cuda_headers import lighter_request
+
     ce._import_module_from_library = _no_import  # build only (this process runs no candidate code)
     req = job["request"]
-    out = job["out_dir"]
-    os.makedirs(out, exist_ok=True)
-    args = dict(req.get("args") or {})
-    if job.get("pch_dir"):
-        cflags = args.get("extra_cflags") or []
-        args["extra_cflags"] = [f"-I{job['pch_dir']}", *([cflags] if isinstance(cflags, str) else cflags)]
     t0 = time.perf_counter()
-    try:
-        # Include paths are names inside the upload (build_flags checked them): this build's folder only.
-        src_dir = os.path.realpath(os.path.join(out, "src"))
-        os.makedirs(src_dir, exist_ok=True)
-        paths = _write_upload(src_dir, req.get("files") or {})
-        inc = [_in_upload(src_dir, p) for p in (args.pop("extra_include_paths", None) or [])]
-        if req["kind"] == "inline":
-            so = ce.load_inline(name=job["build_name"], build_directory=out, extra_include_paths=inc, verbose=False, **args)
-        else:
-            srcs = [p for p in paths if p.endswith((".cu", ".cpp", ".cc", ".cxx"))]
-            so = ce.load(name=job["build_name"], sources=srcs, build_directory=out, extra_include_paths=inc + [src_dir],
-                         verbose=False, **args)
-    except Exception as e:  # the compiler's own words are the candidate's feedback
-        text = f"{type(e).__name__}: {e}"
-        print(text[-8000:], flush=True)
-        return {"reason": "build_error", "detail": text[-6000:], "build_s": round(time.perf_counter() - t0, 3)}
+    headers = "as_written"
+    light = lighter_request(req) if job.get("light_cuda_headers", True) else None
+    so = None
+    if light is not None:
+        try:
+            so = _compile(light, job.get("pch_dir"), job["build_name"], os.path.join(job["out_dir"], "light"))
+            headers = "light"
+        except Exception as e:  # built as written below; the candidate hears only about its own text
+            if not _light_may_be_to_blame(str(e)):
+                text = f"{type(e).__name__}: {e}"
+                print(text[-8000:], flush=True)
+                return {"reason": "build_error", "detail": text[-6000:], "build_s": round(time.perf_counter() - t0, 3),
+                        "headers": "light"}
+            print(f"[build] with torch/types.h for torch/extension.h: {type(e).__name__}; building the sources as written",
+                  flush=True)
+            headers = "as_written_after_light_failed"
+    light_s = round(time.perf_counter() - t0, 3)
+    if so is None:
+        try:
+            so = _compile(req, job.get("pch_dir"), job["build_name"], job["out_dir"])
+        except Exception as e:  # the compiler's own words are the candidate's feedback
+            text = f"{type(e).__name__}: {e}"
+            print(text[-8000:], flush=True)
+            return {"reason": "build_error", "detail": text[-6000:], "build_s": round(time.perf_counter() - t0, 3),
+                    "headers": headers}
     if not isinstance(so, str) or not os.path.isfile(so):
-        return {"reason": "build_error", "detail": f"the build produced no library ({so!r})"}
-    return {"reason": "ok", "so": so, "build_s": round(time.perf_counter() - t0, 3)}
+        return {"reason": "build_error", "detail": f"the build produced no library ({so!r})", "headers": headers}
+    return {"reason": "ok", "so": so, "build_s": round(time.perf_counter() - t0, 3), "headers": headers,
+            "light_attempt_s": light_s if light is not None else None}
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ class BuildStats:
     builds: int = 0
     build_errors: int = 0
     build_s: float = 0.0
+    light_headers: int = 0  # .cu builds that compiled with torch/types.h for torch/extension.h (cuda_headers)
+    light_fallbacks: int = 0  # ... that needed the full header after all
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def as_dict(self) -> dict:
@@ -257,7 +259,10 @@ class BuildService:
         return "opsx_" + _h(cpp)[:16]
 
     def key(self, req: dict) -> str:
-        return _h({"req": req, "build_name": self.build_name(req), "tools": self._tool_key()})[:32]
+        parts = {"req": req, "build_name": self.build_name(req), "tools": self._tool_key()}
+        if not getattr(self.cfg, "light_cuda_headers", True):
+            parts["headers"] = "as_written"  # libraries built with the lighter headers are not answered then
+        return _h(parts)[:32]
 
     # -- PCH --------------------------------------------------------------------------------------
 
@@ -382,6 +387,7 @@ class BuildService:
                 "build_name": name,
                 "out_dir": str(scratch / "build"),
                 "pch_dir": pch_dir,
+                "light_cuda_headers": getattr(self.cfg, "light_cuda_headers", True),
                 "cpu_threads": 1,
                 "device": self.device,
                 "result_path": str(scratch / "build_result.json"),
@@ -403,9 +409,13 @@ class BuildService:
             so = Path(res.data["so"])
             if not so.is_file() or not so.resolve().is_relative_to(scratch.resolve()):
                 return {"ok": False, "error": "the build child reported a library outside its folder"}
+            headers = res.data.get("headers", "as_written")
             final = self._publish(key, name, lambda p: shutil.copy2(so, p),
-                                  {"request_name": req["name"], "built_s": round(wall, 3), "pch": bool(pch_dir)})
-            return {"ok": True, "dir": str(final), "name": name, "cached": False, "build_s": round(wall, 3)}
+                                  {"request_name": req["name"], "built_s": round(wall, 3), "pch": bool(pch_dir), "headers": headers})
+            with self.stats.lock:
+                self.stats.light_headers += headers == "light"
+                self.stats.light_fallbacks += headers == "as_written_after_light_failed"
+            return {"ok": True, "dir": str(final), "name": name, "cached": False, "build_s": round(wall, 3), "headers": headers}
         finally:
             if not getattr(self.cfg, "keep_scratch", False):
                 shutil.rmtree(scratch, ignore_errors=True)
