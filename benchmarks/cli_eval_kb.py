@@ -1,0 +1,129 @@
+"""A user's warm CLI evaluation of a KernelBench-layout CUDA candidate, end to end (issue 28).
+
+For each setting of `reward.light_cuda_headers` (the `.cu`'s torch/extension.h built as torch/types.h
+first, or as written), in a fresh cache of its own:
+
+1. prime: `python -m pipelines.evaluate` on one KernelBench-layout candidate (builds the shared PCH,
+   the C++ wrapper, ccache, the task's reference);
+2. warm: the same command on a *different* candidate (another kernel in the `.cu`, the same
+   `cpp_sources`): only its own CUDA translation unit builds.
+
+Prints a table (wall of the whole command, the build, setup, locked and judge seconds from the
+result's `times`) and writes JSON. Needs a CUDA device and nvcc:
+
+    python benchmarks/cli_eval_kb.py --out benchmarks/results/cli_eval_kb_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A KernelBench-layout answer: torch/extension.h in the .cu, the torch::Tensor wrapper beside the
+# kernel, load_inline's functions= binding it. BLOCK differs between the two candidates.
+CANDIDATE = r'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = """
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void fused_chain(const float* __restrict__ x, float* __restrict__ y, long n, float s, float b) {
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = x[i] * s + b;
+        v = v > 0.f ? v : 0.f;
+        y[i] = fabsf(v * 0.5f - 0.25f);
+    }
+}
+
+torch::Tensor fused_chain_cuda(torch::Tensor x, double s, double b) {
+    TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor");
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    long n = xc.numel();
+    const int block = BLOCK;
+    long grid = std::min<long>((n + block - 1) / block, 65535L * 8);
+    fused_chain<<<grid, block>>>(xc.data_ptr<float>(), y.data_ptr<float>(), n, (float)s, (float)b);
+    return y;
+}
+"""
+
+cpp_source = "torch::Tensor fused_chain_cuda(torch::Tensor x, double s, double b);"
+
+fused = load_inline(name="fused_chain", cpp_sources=cpp_source, cuda_sources=cuda_source,
+                    functions=["fused_chain_cuda"], extra_cuda_cflags=["-O3"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale, shift):
+        super().__init__()
+        self.scale, self.shift = scale, shift
+
+    def forward(self, x):
+        return fused.fused_chain_cuda(x, self.scale, self.shift)
+'''
+
+TIMES = ("prebuild_s", "prebuild_wall_s", "build_s", "setup_s", "locked_s", "judge_s", "measure_wall_s")
+
+
+def evaluate(task: Path, cand: Path, cache: Path, light: bool, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "pipelines.evaluate", f"task={task}", f"candidate={cand}", "quiet=true",
+           f"reward.cache_dir={cache}", f"reward.light_cuda_headers={str(light).lower()}"]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    wall = time.perf_counter() - t0
+    try:
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        res = {"reason": f"no result (exit {p.returncode})", "stderr": p.stderr[-2000:]}
+    times = res.get("times") or {}
+    return {"wall_s": round(wall, 2), "reward": res.get("reward"), "reason": res.get("reason"),
+            **{k: times.get(k) for k in TIMES}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", default=str(REPO / "tests/reward/candidates/tasks/chain_gpu.py"))
+    ap.add_argument("--out", default=str(REPO / "benchmarks/results/cli_eval_kb.json"))
+    ap.add_argument("--settings", default="true,false", help="light_cuda_headers values to run, in order")
+    ap.add_argument("--timeout", type=float, default=280)
+    args = ap.parse_args()
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="cli_eval_kb_"))
+    prime, warm = work / "prime.py", work / "warm.py"
+    prime.write_text(CANDIDATE.replace("BLOCK", "256"))
+    warm.write_text(CANDIDATE.replace("BLOCK", "512"))
+    out = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "cpu_count": os.cpu_count(),
+           "torch": torch.__version__, "task": Path(args.task).name, "runs": []}
+    for light in [s.strip() == "true" for s in args.settings.split(",")]:
+        cache = work / f"cache_{'light' if light else 'as_written'}"
+        for phase, cand in (("prime", prime), ("warm", warm)):
+            r = {"light_cuda_headers": light, "phase": phase, **evaluate(Path(args.task), cand, cache, light, args.timeout)}
+            out["runs"].append(r)
+            print(json.dumps(r), flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(out, indent=2))  # partial results survive a cut-off
+    print()
+    print(f"{'light_cuda_headers':<20}{'phase':<7}{'wall s':>8}{'build s':>9}{'setup s':>9}{'locked s':>9}{'judge s':>9}  reward")
+    for r in out["runs"]:
+        b = r.get("prebuild_wall_s") or r.get("build_s")
+        print(f"{str(r['light_cuda_headers']):<20}{r['phase']:<7}{r['wall_s']:>8}{b if b is not None else '-':>9}"
+              f"{r.get('setup_s') or '-':>9}{r.get('locked_s') or '-':>9}{r.get('judge_s') or '-':>9}  {r['reward']} {r['reason']}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
