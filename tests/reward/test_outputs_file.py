@@ -242,7 +242,7 @@ def test_fifo_at_the_outputs_path_end_to_end(tmp_path, reward_cache):
     try:
         lines = _lines(proc)
         _wait_for(lines, MEASURING, proc, 600)
-        limit = max(60.0, 5 * measured_s)
+        limit = max(30.0, 2 * measured_s)  # one candidate where measured_s saw two measured and judged
         with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=limit)
         assert not any("candidate 0: reward" in ln for ln in lines), lines[-5:]  # no verdict: still in torch.load
