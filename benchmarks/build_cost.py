@@ -110,7 +110,7 @@ def main() -> None:
     import torch
     import torch.utils.cpp_extension as ce
 
-    from opsynth.reward.pch import _torch_cflags, pch_include_dir
+    from opsynth.reward.pch import _torch_cflags, light_include_dir, pch_include_dir
 
     work = tempfile.mkdtemp(prefix="build_cost_")
     rows = []
@@ -123,7 +123,19 @@ def main() -> None:
     t0 = time.perf_counter()
     pch = pch_include_dir(work, ["-O3"], log=print)
     pch_s = time.perf_counter() - t0
-    for label, cmd in [("main.cpp (bindings), plain", base), ("main.cpp (bindings), shared PCH", base[:1] + [f"-I{pch}"] + base[1:] if pch else None)]:
+    # opsynth.reward.light_headers: the light torch/extension.h first on the include path, before its
+    # PCH exists (a cold build; another root) and with it
+    light_cold = light_include_dir(Path(work, "cold"), ["-O3"], False)
+    t0 = time.perf_counter()
+    light_pch = pch_include_dir(work, ["-O3"], log=print, light=True)
+    light_pch_s = time.perf_counter() - t0
+
+    def with_dir(d):
+        return base[:1] + [f"-I{d}"] + base[1:] if d else None
+
+    for label, cmd in [("main.cpp (bindings), plain", base), ("main.cpp (bindings), shared PCH", with_dir(pch)),
+                       ("main.cpp (bindings), light header, no PCH yet", with_dir(light_cold)),
+                       ("main.cpp (bindings), light header and its PCH", with_dir(light_pch))]:
         if cmd is None:
             rows.append({"part": label, "seconds": None, "note": "no PCH (not gcc?)"})
             continue
@@ -146,13 +158,12 @@ def main() -> None:
         nvflags = ["-DTORCH_EXTENSION_NAME=bench_ext", "-DTORCH_API_INCLUDE_EXTENSION_H", *inc, *ce.COMMON_NVCC_FLAGS,
                    f"-gencode=arch=compute_{args.arch},code=compute_{args.arch}", f"-gencode=arch=compute_{args.arch},code=sm_{args.arch}",
                    "--compiler-options", "-fPIC", "-O3", "-std=c++20"]
-        from opsynth.reward.cuda_headers import lighter
-
-        for i, (label, text) in enumerate([("cuda.cu, torch-free (light)", LIGHT_CU), ("cuda.cu, torch headers (heavy)", HEAVY_CU),
-                                           ("cuda.cu, heavy as the build service builds it (light_cuda_headers)", lighter(HEAVY_CU))]):
+        for i, (label, text, first) in enumerate([("cuda.cu, torch-free (light)", LIGHT_CU, []),
+                                                  ("cuda.cu, torch headers (heavy)", HEAVY_CU, []),
+                                                  ("cuda.cu, heavy, light torch/extension.h", HEAVY_CU, ["-I", light_cold])]):
             src = Path(work, f"cu{i}.cu")
             src.write_text(text)
-            s, err, c = _time([nvcc, *nvflags, "-c", str(src), "-o", str(src.with_suffix(".o"))], args.repeats, work)
+            s, err, c = _time([nvcc, *first, *nvflags, "-c", str(src), "-o", str(src.with_suffix(".o"))], args.repeats, work)
             rows.append({"part": label, "seconds": None if s is None else round(s, 2), "cpu_s": c and round(c, 2), "note": err})
             print(f"{label:<40} {s if s is None else round(s, 2)}", flush=True)
         ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
@@ -165,6 +176,7 @@ def main() -> None:
         "torch": torch.__version__,
         "repeats": args.repeats,
         "pch_build_s": round(pch_s, 1),
+        "light_pch_build_s": round(light_pch_s, 1),
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +185,7 @@ def main() -> None:
     print(f"{'part':<68}{'median s':>10}{'cpu s':>8}")
     for r in rows:
         print(f"{r['part']:<68}{'-' if r['seconds'] is None else r['seconds']:>10}{'-' if r.get('cpu_s') is None else r['cpu_s']:>8}")
-    print(f"shared PCH built once in {out['pch_build_s']} s; wrote {args.out}")
+    print(f"shared PCH built once in {out['pch_build_s']} s, the light header's in {out['light_pch_build_s']} s; wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A user's warm CLI evaluation of a KernelBench-layout CUDA candidate, end to end (issue 28).
 
-For each setting of `reward.light_cuda_headers` (the `.cu`'s torch/extension.h built as torch/types.h
-first, or as written), in a fresh cache of its own:
+For each setting of `reward.light_headers` (the light torch/extension.h first,
+or the sources as written), in a fresh cache of its own:
 
 1. prime: `python -m pipelines.evaluate` on one KernelBench-layout candidate (builds the shared PCH,
    the C++ wrapper, ccache, the task's reference);
@@ -79,7 +79,7 @@ TIMES = ("prebuild_s", "prebuild_wall_s", "build_s", "setup_s", "locked_s", "jud
 
 def evaluate(task: Path, cand: Path, cache: Path, light: bool, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "pipelines.evaluate", f"task={task}", f"candidate={cand}", "quiet=true",
-           f"reward.cache_dir={cache}", f"reward.light_cuda_headers={str(light).lower()}"]
+           f"reward.cache_dir={cache}", f"reward.light_headers={str(light).lower()}"]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -96,7 +96,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default=str(REPO / "tests/reward/candidates/tasks/chain_gpu.py"))
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/cli_eval_kb.json"))
-    ap.add_argument("--settings", default="true,false", help="light_cuda_headers values to run, in order")
+    ap.add_argument("--settings", default="true,false", help="light_headers values to run, in order")
     ap.add_argument("--timeout", type=float, default=280)
     args = ap.parse_args()
 
@@ -111,16 +111,16 @@ def main() -> None:
     for light in [s.strip() == "true" for s in args.settings.split(",")]:
         cache = work / f"cache_{'light' if light else 'as_written'}"
         for phase, cand in (("prime", prime), ("warm", warm)):
-            r = {"light_cuda_headers": light, "phase": phase, **evaluate(Path(args.task), cand, cache, light, args.timeout)}
+            r = {"light_headers": light, "phase": phase, **evaluate(Path(args.task), cand, cache, light, args.timeout)}
             out["runs"].append(r)
             print(json.dumps(r), flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(out, indent=2))  # partial results survive a cut-off
     print()
-    print(f"{'light_cuda_headers':<20}{'phase':<7}{'wall s':>8}{'build s':>9}{'setup s':>9}{'locked s':>9}{'judge s':>9}  reward")
+    print(f"{'light_headers':<20}{'phase':<7}{'wall s':>8}{'build s':>9}{'setup s':>9}{'locked s':>9}{'judge s':>9}  reward")
     for r in out["runs"]:
         b = r.get("prebuild_wall_s") or r.get("build_s")
-        print(f"{str(r['light_cuda_headers']):<20}{r['phase']:<7}{r['wall_s']:>8}{b if b is not None else '-':>9}"
+        print(f"{str(r['light_headers']):<20}{r['phase']:<7}{r['wall_s']:>8}{b if b is not None else '-':>9}"
               f"{r.get('setup_s') or '-':>9}{r.get('locked_s') or '-':>9}{r.get('judge_s') or '-':>9}  {r['reward']} {r['reason']}")
     print(f"wrote {args.out}")
 

@@ -3,7 +3,7 @@
 #   here:   bash benchmarks/device_wheels.sh && bash benchmarks/device_tools.sh
 #   device: run(command="bash benchmarks/h200_issue28.sh", carry=[".whl", ".tools"], timeout_s=600)
 # 1. benchmarks/cli_eval_kb.py: a warm CLI evaluation of a KernelBench-layout CUDA candidate, with
-#    reward.light_cuda_headers on, then off (about 4 minutes);
+#    reward.light_headers on, then off (about 4 minutes);
 # 2. benchmarks/two_caches.py: one candidate in two fresh caches, one beside another build (about 2);
 # 3. benchmarks/reward_stability.py --aa, as long as time is left (writes after every batch).
 # Results in $OUT: cli_eval_kb_h200.json, two_caches_h200.json, reward_stability_h200.json and logs.

@@ -65,8 +65,8 @@ class BuildStats:
     builds: int = 0
     build_errors: int = 0
     build_s: float = 0.0
-    light_headers: int = 0  # .cu builds that compiled with torch/types.h for torch/extension.h (cuda_headers)
-    light_fallbacks: int = 0  # ... that needed the full header after all
+    light_headers: int = 0  # builds that compiled with the light torch/extension.h (light_headers)
+    light_fallbacks: int = 0  # ... that were built again as written after the light attempt failed
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def as_dict(self) -> dict:
@@ -260,15 +260,29 @@ class BuildService:
 
     def key(self, req: dict) -> str:
         parts = {"req": req, "build_name": self.build_name(req), "tools": self._tool_key()}
-        if not getattr(self.cfg, "light_cuda_headers", True):
+        if not getattr(self.cfg, "light_headers", True):
             parts["headers"] = "as_written"  # libraries built with the lighter headers are not answered then
         return _h(parts)[:32]
 
     # -- PCH --------------------------------------------------------------------------------------
 
-    def _pch_dir(self, req: dict) -> str | None:
-        """The shared PCH for this request's flags when it is built; else start building it (for the
-        next candidates) and build this one without it, so a cold first evaluation never waits for it."""
+    def _light(self, req: dict) -> bool:
+        """Whether this request is first built with the light torch/extension.h (`light_headers`)."""
+        from opsynth.reward.light_headers import may_build_light
+
+        return bool(getattr(self.cfg, "light_headers", True)) and may_build_light(req)
+
+    def _flags(self, req: dict) -> tuple[list[str], bool]:
+        """(the C++ flags, with CUDA) that decide which PCH a request can use."""
+        args = req["args"]
+        cflags = args.get("extra_cflags") or []
+        cflags = [cflags] if isinstance(cflags, str) else list(cflags)
+        return cflags, bool(args.get("cuda_sources")) or any(n.endswith(".cu") for n in req.get("files", {}))
+
+    def _pch_dir(self, req: dict, light: bool = False, start: bool = True) -> str | None:
+        """The shared PCH for this request's flags (of the light header with `light`) when it is
+        built; else start building it (for the next candidates, unless not `start`) and build this one
+        without it, so a cold first evaluation never waits for it."""
         if not getattr(self.cfg, "shared_pch", True):
             return None
         from opsynth.reward import pch
@@ -283,19 +297,17 @@ class BuildService:
             srcs = [t for n, t in req["files"].items() if n.endswith((".cpp", ".cc", ".cxx"))]
             if not any(pch.first_include(t) == "torch/extension.h" for t in srcs):
                 return None
-        cflags = args.get("extra_cflags") or []
-        cflags = [cflags] if isinstance(cflags, str) else list(cflags)
-        with_cuda = bool(args.get("cuda_sources")) or any(n.endswith(".cu") for n in req.get("files", {}))
-        ready = pch.pch_ready(pch.pch_root(self.cache_dir), cflags, with_cuda)
-        if ready is not None:
+        cflags, with_cuda = self._flags(req)
+        ready = pch.pch_ready(pch.pch_root(self.cache_dir), cflags, with_cuda, light)
+        if ready is not None or not start:
             return ready or None
-        tkey = repr((cflags, with_cuda))
+        tkey = repr((cflags, with_cuda, light))
         with self._locks_lock:
             t = self._pch_threads.get(tkey)
             if t is None:
                 t = threading.Thread(
-                    target=pch.pch_include_dir, args=(pch.pch_root(self.cache_dir), cflags, with_cuda, self.log), daemon=True
-                )
+                    target=pch.pch_include_dir, args=(pch.pch_root(self.cache_dir), cflags, with_cuda, self.log, light),
+                    daemon=True)
                 self._pch_threads[tkey] = t
                 t.start()
         return None
@@ -380,14 +392,25 @@ class BuildService:
         scratch = Path(tempfile.mkdtemp(prefix="opsynth_build_"))
         t0 = time.perf_counter()
         try:
-            pch_dir = self._pch_dir(req)
-            self.log(f"[reward] building extension {req['name']} ({'with' if pch_dir else 'without'} the shared PCH)")
+            from opsynth.reward import pch
+
+            light_dir = None
+            if self._light(req):  # the light header's folder (its PCH beside it once built), torch's own PCH if ready
+                self._pch_dir(req, light=True)  # built in the background for the next candidates
+                light_dir = pch.light_include_dir(pch.pch_root(self.cache_dir), *self._flags(req))
+                pch_dir = self._pch_dir(req, start=False)
+            else:
+                pch_dir = self._pch_dir(req)
+            has_pch = light_dir is not None and Path(light_dir, "torch", "extension.h.gch").is_file() or \
+                light_dir is None and pch_dir is not None
+            self.log(f"[reward] building extension {req['name']} ({'light headers, ' if light_dir else ''}"
+                     f"{'with' if has_pch else 'without'} the shared PCH)")
             job = {
                 "request": req,
                 "build_name": name,
                 "out_dir": str(scratch / "build"),
                 "pch_dir": pch_dir,
-                "light_cuda_headers": getattr(self.cfg, "light_cuda_headers", True),
+                "light_dir": light_dir,
                 "cpu_threads": 1,
                 "device": self.device,
                 "result_path": str(scratch / "build_result.json"),
@@ -396,7 +419,7 @@ class BuildService:
             with quiet.tracked("build") as on_start:  # paused while anything is timed
                 res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=RUNNERS,
                                 writable=writable, env_extra=self.env, shared_ids=True,
-                                readable=[pch_dir] if pch_dir else [], on_start=on_start)
+                                readable=[d for d in (pch_dir, light_dir) if d], on_start=on_start)
             wall = time.perf_counter() - t0
             with self.stats.lock:
                 self.stats.builds += 1

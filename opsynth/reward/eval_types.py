@@ -58,8 +58,8 @@ class RewardConfig:
     static_check: bool = True  # quick AST/source pre-check before anything runs
     cache_dir: str | None = None  # None: default_cache_dir()
     shared_pch: bool = True  # precompile torch/extension.h once per flag set for all builds (gcc; opsynth.reward.pch)
-    light_cuda_headers: bool = True  # build a .cu's torch/extension.h as torch/types.h first, as written if that fails
-    # (nvcc parses the torch headers three times with no PCH: 76 s -> 26 s on 2 cores; opsynth.reward.cuda_headers)
+    light_headers: bool = True  # build first with a torch/extension.h of tensor API and bindings only (not torch/all.h),
+    # as written if that fails (a KernelBench-layout .cu: 102 s -> 38 s on 2 cores; opsynth.reward.light_headers)
     build_timeout_s: float = 900.0
     run_timeout_s: float = 300.0
     reference_timeout_s: float = 600.0

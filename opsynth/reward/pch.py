@@ -23,7 +23,10 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
+
+from opsynth.reward.light_headers import LIGHT_EXTENSION_H
 
 PCH_TIMEOUT_S = 600.0
 PCH_DIR_ENV = "OPSYNTH_RL_PCH_DIR"
@@ -110,8 +113,9 @@ def _compiler() -> tuple[str, str] | None:
     return cxx, version
 
 
-def _locate(root, extra_cflags, with_cuda: bool, say):
-    """(base dir, header, cxx, flags) of the PCH for these flags, or None when none can be had."""
+def _locate(root, extra_cflags, with_cuda: bool, say, light: bool = False):
+    """(base dir, header, cxx, flags) of the PCH for these flags, or None when none can be had.
+    `light`: of opsynth's lighter torch/extension.h (`light_headers`), which `_put_header` writes."""
     import torch
 
     # Include paths do not affect whether gcc accepts a PCH, and they differ per candidate (scratch
@@ -135,13 +139,42 @@ def _locate(root, extra_cflags, with_cuda: bool, say):
     header = Path(torch.utils.cpp_extension.include_paths("cpu")[0]) / "torch" / "extension.h"
     if not header.is_file():
         return None
-    key = hashlib.sha256(repr((cxx, version, torch.__version__, str(header), flags)).encode()).hexdigest()[:16]
+    what = (cxx, version, torch.__version__, str(header), flags) + ((LIGHT_EXTENSION_H,) if light else ())
+    key = hashlib.sha256(repr(what).encode()).hexdigest()[:16]
     return Path(root) / "pch" / key, header, cxx, flags
 
 
-def pch_ready(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False) -> str | None:
+def _put_header(base: Path, header: Path, light: bool) -> Path:
+    """`base/torch/extension.h`: torch's own (a link: gcc wants the header beside its .gch) or
+    opsynth's light one (a file, written once and atomically); its path."""
+    (base / "torch").mkdir(parents=True, exist_ok=True)
+    dest = base / "torch" / "extension.h"
+    if light:
+        if not dest.is_file() or dest.read_text() != LIGHT_EXTENSION_H:
+            tmp = dest.with_name(f".extension.h.{os.getpid()}.{threading.get_ident()}")  # threads of one process too
+            tmp.write_text(LIGHT_EXTENSION_H)
+            os.replace(tmp, dest)
+    elif not dest.exists():
+        try:
+            dest.symlink_to(header)
+        except FileExistsError:
+            pass
+    return dest
+
+
+def light_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False) -> str:
+    """The folder to put first on a light build's include path: its `torch/extension.h` is the light
+    one, with the PCH for these flags beside it once built (`pch_include_dir(..., light=True)`).
+    Always a folder, also where no PCH can be had (then one shared by every flag set)."""
+    loc = _locate(root, extra_cflags, with_cuda, lambda m: None, light=True)
+    base = loc[0] if loc is not None else Path(root) / "pch" / "light-no-pch"
+    _put_header(base, loc[1] if loc else Path(), light=True)
+    return str(base)
+
+
+def pch_ready(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False, light: bool = False) -> str | None:
     """The PCH's include dir when it is built, "" when none can be had, None when it is not built yet."""
-    loc = _locate(root, extra_cflags, with_cuda, lambda m: None)
+    loc = _locate(root, extra_cflags, with_cuda, lambda m: None, light)
     if loc is None:
         return ""
     base = loc[0]
@@ -150,7 +183,8 @@ def pch_ready(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = Fals
     return "" if (base / "FAILED").is_file() else None
 
 
-def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False, log=None) -> str | None:
+def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool = False, log=None,
+                    light: bool = False) -> str | None:
     """Directory to put first on the include path (`-I`) so that this build uses the shared PCH.
 
     Builds the PCH on first use (one builder per flag set; others wait on the lock). Returns None
@@ -158,7 +192,7 @@ def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool 
     builds as usual. Called only by the trusted parent (the build service), never by a candidate.
     """
     say = log or (lambda msg: None)
-    loc = _locate(root, extra_cflags, with_cuda, say)
+    loc = _locate(root, extra_cflags, with_cuda, say, light)
     if loc is None:
         return None
     base, header, cxx, flags = loc
@@ -169,19 +203,17 @@ def pch_include_dir(root: str | os.PathLike, extra_cflags=None, with_cuda: bool 
         return str(base)
     if failed.is_file():
         return None
-    (base / "torch").mkdir(parents=True, exist_ok=True)
     from opsynth.runtime.timing import file_lock
 
+    base.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(str(base.parent / f"{key}.lock")):  # the first builder compiles; the rest wait, then reuse it
         if gch.is_file():
             return str(base)
         if failed.is_file():
             return None
-        link = base / "torch" / "extension.h"
-        if not link.exists():
-            link.symlink_to(header)  # gcc wants the header beside its .gch; the real one it is
+        source = _put_header(base, header, light)
         tmp = gch.with_name(f"extension.h.gch.tmp{os.getpid()}")
-        cmd = [cxx, "-x", "c++-header", str(header), "-o", str(tmp), *flags]
+        cmd = [cxx, "-x", "c++-header", str(source if light else header), "-o", str(tmp), *flags]
         say(f"[pch] building {gch} (once per compiler and flag set)")
         from opsynth.reward import quiet
 

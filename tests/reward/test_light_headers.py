@@ -1,0 +1,200 @@
+"""The light torch/extension.h of candidate builds (opsynth.reward.light_headers): which requests try
+it, the build child's fallback to the sources as written, and real builds through the service."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from opsynth.reward import build_runner
+from opsynth.reward.light_headers import LIGHT_EXTENSION_H, may_build_light
+
+KB_CU = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void scale_relu(const float* x, float* y, long n, float s) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) { float v = x[i] * s; y[i] = v > 0.f ? v : 0.f; }
+}
+
+torch::Tensor scale_relu_cuda(torch::Tensor x, double s) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "float expected");
+    auto xc = x.contiguous();
+    auto y = torch::empty_like(xc);
+    long n = xc.numel();
+    scale_relu<<<(n + 255) / 256, 256>>>(xc.data_ptr<float>(), y.data_ptr<float>(), n, (float)s);
+    return y;
+}
+"""
+DECL = "torch::Tensor scale_relu_cuda(torch::Tensor x, double s);"
+
+
+def _inline(**args) -> dict:
+    return {"kind": "inline", "name": "x", "args": args}
+
+
+def test_kernelbench_layout_and_plain_wrappers_try_the_light_header():
+    assert may_build_light(_inline(cpp_sources=DECL, cuda_sources=KB_CU, functions=["scale_relu_cuda"]))
+    # pybind11 in C++ is fine: the light header keeps the bindings outside CUDA translation units
+    assert may_build_light(_inline(cpp_sources="namespace py = pybind11;\nint f();", functions=["f"]))
+    assert may_build_light({"kind": "files", "name": "x", "args": {}, "files": {"k.cu": KB_CU, "w.cpp": "#include <torch/extension.h>\n"}})
+
+
+@pytest.mark.parametrize("where,use", [
+    ("cpp_sources", "torch::nn::Linear lin(4, 4);"),
+    ("cpp_sources", "auto g = torch::autograd::grad({y}, {x});"),
+    ("cuda_sources", "torch::optim::SGD* opt = nullptr;"),
+    ("cuda_sources", "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"f\", &f); }"),
+    ("cuda_sources", "py::object o;"),
+    ("cuda_sources", "PyObject* p = nullptr;"),
+])
+def test_sources_that_name_what_only_the_full_header_declares_are_built_as_written(where, use):
+    args = {"cpp_sources": DECL, "cuda_sources": KB_CU}
+    args[where] = args[where] + "\n" + use + "\n"
+    assert not may_build_light(_inline(**args))
+
+
+def _job(tmp_path, light_dir="/light", pch_dir="/pch") -> dict:
+    return {"request": _inline(cpp_sources=DECL, cuda_sources=KB_CU, functions=["scale_relu_cuda"]), "build_name": "opsx_t",
+            "out_dir": str(tmp_path / "build"), "pch_dir": pch_dir, "light_dir": light_dir}
+
+
+def _fake_compile(outcomes: list, seen: list):
+    def compile_(req, pch_dir, build_name, out, first_include=None):
+        seen.append((first_include, pch_dir))
+        what = outcomes.pop(0)
+        if isinstance(what, Exception):
+            raise what
+        os.makedirs(out, exist_ok=True)
+        Path(out, "x.so").write_text("")
+        return str(Path(out, "x.so"))
+    return compile_
+
+
+def test_the_light_folder_goes_first_and_torchs_pch_is_kept_for_the_fallback(tmp_path, monkeypatch):
+    seen: list = []
+    monkeypatch.setattr(build_runner, "_compile", _fake_compile(["ok"], seen))
+    res = build_runner.run(_job(tmp_path))
+    assert res["reason"] == "ok" and res["headers"] == "light" and seen == [("/light", None)]
+
+
+def test_a_failed_light_build_is_built_again_as_written(tmp_path, monkeypatch):
+    seen: list = []
+    err = RuntimeError("Error building extension 'x': FAILED: main.o \nerror: 'TORCH_VERSION_MAJOR' was not declared in this scope\n")
+    monkeypatch.setattr(build_runner, "_compile", _fake_compile([err, "ok"], seen))
+    res = build_runner.run(_job(tmp_path))
+    assert res["reason"] == "ok" and res["headers"] == "as_written_after_light_failed"
+    assert seen == [("/light", None), (None, "/pch")]
+
+
+def test_without_a_light_folder_it_builds_as_written_once(tmp_path, monkeypatch):
+    seen: list = []
+    monkeypatch.setattr(build_runner, "_compile", _fake_compile([RuntimeError("FAILED: main.o")], seen))
+    res = build_runner.run(_job(tmp_path, light_dir=None))
+    assert res["reason"] == "build_error" and res["headers"] == "as_written" and seen == [(None, "/pch")]
+
+
+# ---- real builds through the service (gcc) ---------------------------------------------------------
+
+WRAPPER = """
+torch::Tensor twice_relu(torch::Tensor x) {
+    TORCH_CHECK(x.is_contiguous(), "contiguous input expected");
+    return torch::relu(x) * 2;
+}
+"""
+# torch/version.h comes with the C++ frontend (torch/all.h), not with torch/types.h or torch/python.h,
+# and the quick check does not know its macros: the light attempt fails and the sources build as written.
+FRONTEND = """
+int torch_major() { return TORCH_VERSION_MAJOR; }
+"""
+
+
+def _service(tmp_path, **kw):
+    from opsynth.reward.builds import BuildService
+    from opsynth.reward.eval_types import RewardConfig
+
+    cfg = RewardConfig(device="cpu", cache_dir=str(tmp_path / "cache"), ccache="false", isolation="none", **kw)
+    return BuildService(cfg, "cpu")
+
+
+def _load(reply: dict):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(reply["name"], Path(reply["dir"]) / f"{reply['name']}.so")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_wrapper_builds_with_the_light_header_and_works(tmp_path):
+    import torch
+
+    svc = _service(tmp_path)
+    reply = svc.handle(_inline(cpp_sources=WRAPPER, functions=["twice_relu"], extra_cflags=["-O1"]))
+    assert reply["ok"], reply.get("error", "")[-3000:]
+    assert reply["headers"] == "light" and svc.stats.light_headers == 1
+    x = torch.randn(64)
+    torch.testing.assert_close(_load(reply).twice_relu(x), torch.relu(x) * 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_source_that_needs_the_frontend_falls_back_and_builds(tmp_path):
+    svc = _service(tmp_path)
+    reply = svc.handle(_inline(cpp_sources=FRONTEND, functions=["torch_major"], extra_cflags=["-O1"]))
+    assert reply["ok"], reply.get("error", "")[-3000:]
+    assert reply["headers"] == "as_written_after_light_failed" and svc.stats.light_fallbacks == 1
+    import torch
+
+    assert _load(reply).torch_major() == int(torch.__version__.split(".")[0])
+    # Control: the light header alone cannot build it (what the fallback is for).
+    from opsynth.reward import pch
+
+    light = pch.light_include_dir(svc.cache_dir, ["-O1"], False)
+    assert Path(light, "torch", "extension.h").read_text() == LIGHT_EXTENSION_H
+    with pytest.raises(Exception, match="TORCH_VERSION_MAJOR"):
+        build_runner._compile(_inline(cpp_sources=FRONTEND, functions=["torch_major"], extra_cflags=["-O1"]), None,
+                              "opsx_ctl", str(tmp_path / "ctl"), first_include=light)
+
+
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME")
+    cand = os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc")
+    return cand if cand and os.path.exists(cand) else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(_nvcc() is None, reason="no nvcc")
+def test_nvcc_compiles_a_kernelbench_layout_cu_with_the_light_header(tmp_path):
+    """The real compiler on the candidate's text with the light folder first (compile only: linking
+    a CUDA extension needs a CUDA build of torch)."""
+    import torch.utils.cpp_extension as ce
+
+    from opsynth.reward import pch
+
+    nvcc = _nvcc()
+    home = str(Path(os.path.realpath(nvcc)).parents[1])
+    light = pch.light_include_dir(tmp_path, [], True)
+    dirs = [*ce.include_paths("cpu"), f"{home}/include", sysconfig.get_path("include")]
+    if os.path.isdir(f"{home}/include/cccl"):
+        dirs.append(f"{home}/include/cccl")
+    src = tmp_path / "k.cu"
+    src.write_text(KB_CU)
+    cmd = [nvcc, "-I", light, *(a for d in dirs for a in ("-isystem", d)), "-DTORCH_EXTENSION_NAME=x",
+           "-DTORCH_API_INCLUDE_EXTENSION_H", *ce.COMMON_NVCC_FLAGS, "-gencode=arch=compute_90,code=sm_90",
+           "--compiler-options", "-fPIC", "-std=c++20", "-M", str(src)]
+    deps = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert deps.returncode == 0, deps.stderr[-3000:]
+    assert light in deps.stdout and "torch/all.h" not in deps.stdout and "pybind11" not in deps.stdout
+    cmd[-2:] = ["-c", str(src), "-o", str(tmp_path / "k.o")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
