@@ -44,8 +44,10 @@ def _compile(req: dict, pch_dir: str | None, build_name: str, out: str, first_in
     `first_include`: a folder searched before every other (the light torch/extension.h's)."""
     import torch.utils.cpp_extension as ce
 
+    import copy
+
     os.makedirs(out, exist_ok=True)
-    args = dict(req.get("args") or {})
+    args = copy.deepcopy(req.get("args") or {})  # load_inline appends to a cpp_sources list it is given
     if pch_dir:
         cflags = args.get("extra_cflags") or []
         args["extra_cflags"] = [f"-I{pch_dir}", *([cflags] if isinstance(cflags, str) else cflags)]

@@ -10,8 +10,8 @@ KernelBench-layout `.cu` compiled in 102 s as written and 38 s with this header;
 24 s as written and 15 s with it before any PCH, 11 s and 8 s with each one's PCH.
 
 So the build service first builds with an include folder of its own in front, whose
-`torch/extension.h` is `LIGHT_EXTENSION_H` (the tensor API, and the Python bindings outside CUDA
-translation units), its precompiled form beside it once built (`opsynth.reward.pch`). The
+`torch/extension.h` is `LIGHT_EXTENSION_H` (the tensor API with `torch/utils.h`'s parallel_for and
+grad-mode guards, and the Python bindings outside CUDA translation units), its precompiled form beside it once built (`opsynth.reward.pch`). The
 candidate's text is compiled as written; only what that one header pulls in is less. A header is
 declarations: a source that compiles without the omitted ones means what it meant with them
 (barring an overload only they declared, which the reward's correctness checks would see like any
@@ -25,11 +25,13 @@ from __future__ import annotations
 import re
 
 LIGHT_EXTENSION_H = """\
-// opsynth's torch/extension.h for candidate builds (opsynth.reward.light_headers): torch's tensor API
-// and, outside CUDA translation units, its Python bindings; not the C++ frontend of torch/all.h.
+// opsynth's torch/extension.h for candidate builds (opsynth.reward.light_headers): torch's tensor API,
+// at::parallel_for and the grad-mode guards, and, outside CUDA translation units, its Python bindings;
+// not the C++ frontend of torch/all.h.
 // A build that fails with it is built again with torch's own header.
 #pragma once
 #include <torch/types.h>
+#include <torch/utils.h>
 #ifndef __CUDACC__
 #include <torch/python.h>
 #endif
@@ -38,7 +40,7 @@ LIGHT_EXTENSION_H = """\
 # Names the C++ frontend (torch/all.h) declares and torch/types.h does not; in any source.
 _FRONTEND = re.compile(
     r"\btorch::(nn|optim|data|jit|serialize|autograd|cuda|mps|xpu|fft|linalg|special|nested|sparse|utils|"
-    r"save|load|Module|NoGradGuard|AutoGradMode|manual_seed)\b"
+    r"save|load|Module)\b"
 )
 # pybind11 and Python, which the light header leaves out of CUDA translation units.
 _PYTHON = re.compile(r"\bpybind11\b|\bPYBIND11_|\bpy::|\bPy[A-Z_][A-Za-z_]*\b|\bTORCH_LIBRARY\w*|torch/python\.h")

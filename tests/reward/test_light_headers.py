@@ -149,7 +149,9 @@ def test_a_wrapper_builds_with_the_light_header_and_works(tmp_path):
 @pytest.mark.timeout(900)
 def test_a_source_that_needs_the_frontend_falls_back_and_builds(tmp_path):
     svc = _service(tmp_path)
-    reply = svc.handle(_inline(cpp_sources=FRONTEND, functions=["torch_major"], extra_cflags=["-O1"]))
+    # cpp_sources as a list: load_inline appends its include and bindings to the list it is given, and
+    # the second attempt must not see the first's (it did: "redefinition of PyInit_...")
+    reply = svc.handle(_inline(cpp_sources=[FRONTEND], functions=["torch_major"], extra_cflags=["-O1"]))
     assert reply["ok"], reply.get("error", "")[-3000:]
     assert reply["headers"] == "as_written_after_light_failed" and svc.stats.light_fallbacks == 1
     import torch
@@ -198,3 +200,45 @@ def test_nvcc_compiles_a_kernelbench_layout_cu_with_the_light_header(tmp_path):
     cmd[-2:] = ["-c", str(src), "-o", str(tmp_path / "k.o")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+# What C++ wrappers commonly use from torch/extension.h (the bandit's CPU candidate used
+# at::parallel_for, which torch/types.h alone does not declare).
+WRAPPER_USES = r"""
+#include <torch/extension.h>
+#include <vector>
+torch::Tensor f(torch::Tensor x) {
+    auto y = torch::zeros_like(x);
+    at::parallel_for(0, 10, 1, [&](int64_t b, int64_t e) {});
+    for (auto i : c10::irange(3)) { (void)i; }
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "f", [&] { auto a = x.accessor<scalar_t, 1>(); (void)a; });
+    auto s = x.index({torch::indexing::Slice(0, 2)});
+    torch::NoGradGuard g;
+    c10::InferenceMode im;
+    auto n = at::get_num_threads();
+    TORCH_CHECK(x.dim() == 1, "x");
+    auto z = torch::empty({2, 3}, torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCPU));
+    std::vector<int64_t> sh = x.sizes().vec();
+    return y + s.sum() + torch::matmul(z, z.t()).sum() + n;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("f", torch::wrap_pybind_function(f), "f"); }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_light_header_declares_what_wrappers_commonly_use(tmp_path):
+    import torch.utils.cpp_extension as ce
+
+    from opsynth.reward import pch
+
+    light = pch.light_include_dir(tmp_path, [], False)
+    src = tmp_path / "w.cpp"
+    src.write_text(WRAPPER_USES)
+    inc = [a for d in [*ce.include_paths("cpu"), sysconfig.get_path("include")] for a in ("-isystem", d)]
+    p = subprocess.run([ce.get_cxx_compiler(), f"-I{light}", *inc, "-DTORCH_EXTENSION_NAME=w", "-std=c++20",
+                        "-fsyntax-only", "-H", str(src)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    headers = [ln.lstrip(". ") for ln in p.stderr.splitlines() if ln.startswith(".")]
+    assert headers[0] == str(Path(light, "torch", "extension.h"))  # the light one, not torch's
+    assert not any(h.endswith("torch/all.h") for h in headers)
