@@ -65,6 +65,7 @@ class _Reference:
     flop_bound_ms: float | None = None
     cfg: RewardConfig | None = None  # the settings with the task's tolerance (task_cfg)
     facts: object = None  # compare.FactsMemo: facts about `outputs`, computed once for all its candidates
+    rounds_s: float | None = None  # the reference child's timed rounds, holding the device to itself
 
 
 def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
@@ -168,7 +169,8 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
-                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts)
+                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts,
+                      rounds_s=res.data.get("rounds_s"))
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -347,6 +349,12 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     times["call_overhead_ms"] = round(statistics.median(rounds.call_overheads()), 3)
     times["reference_round_overhead_ms"] = round(statistics.median(ref.rounds.overheads()), 3)
     times["reference_call_overhead_ms"] = round(statistics.median(ref.rounds.call_overheads()), 3)
+    # What a round costs the device, the gap to the next one included; the rounds run, by pass
+    periods, ref_periods = rounds.periods(), ref.rounds.periods()
+    times["round_period_ms"] = round(statistics.median(periods), 3) if periods else None
+    times["reference_round_period_ms"] = round(statistics.median(ref_periods), 3) if ref_periods else None
+    times["reference_rounds_s"] = ref.rounds_s  # the task's reference child, once per task and batch
+    details["rounds"] = {**rounds.passes(), "reference": ref.rounds.next_round}
     if fresh:
         verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys, ref.facts)
         if verdict != "ok":

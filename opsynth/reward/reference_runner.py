@@ -6,6 +6,7 @@ ever sees the inputs file, after this child has exited.
 
 from __future__ import annotations
 
+import time
 import traceback
 
 from opsynth.reward.compare import as_output_list
@@ -120,8 +121,12 @@ def _run(job: dict) -> dict:
 
     meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
     plan = _read_plan()
+    t_lock = time.perf_counter()
     with device_lock(job):
+        t_rounds = time.perf_counter()
         rounds = _timed_rounds(job, call, trials, plan, device) if plan else None
+    rounds_s = round(time.perf_counter() - t_rounds, 3)  # the device to itself for the timed rounds
+    timing_wait_s = round(t_rounds - t_lock, 3)
     with device_checks(job):
         flops = _flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device)
     torch.save(init_inputs, job["init_path"])
@@ -140,6 +145,8 @@ def _run(job: dict) -> dict:
         "has_second": second_inputs is not None,
         "n_inputs": n_inputs,
         "param_names": names,
+        "rounds_s": rounds_s,
+        "timing_wait_s": timing_wait_s,
         **flops,
     }
 

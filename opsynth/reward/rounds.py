@@ -98,6 +98,7 @@ class RoundSession:
     reference: "RoundSession | None" = None  # the reference child's rounds: a main pass that looks like a
     # patched clock against them (`plausible`) also gets the second pass, since load from outside (a CPU
     # quota's throttling, another child starting) can stall every round of a short pass
+    asked: dict = field(default_factory=dict)  # round -> parent clock when its seed request arrived (before any baseline block)
     started: dict = field(default_factory=dict)  # round -> parent clock at the seed request
     ready: dict = field(default_factory=dict)  # round -> parent clock when its inputs were ready
     claims: dict = field(default_factory=dict)  # round -> claimed ms
@@ -142,6 +143,7 @@ class RoundSession:
                     return self._fail(f"{kind} for round {j} out of turn (expected {self.step} for round {self.next_round})")
                 self.step = self._NEXT[kind]
                 if kind == "round_start":
+                    self.asked[j] = now
                     if self.pacer is not None and self.end is None:
                         why = self.pacer.before_round(self, j)  # baseline blocks, the candidate stopped
                         if why:
@@ -211,6 +213,16 @@ class RoundSession:
     def overheads(self) -> list[float]:
         """Per round, the parent's ms beyond the claimed time, over the whole round."""
         return [self.wall[j] - self.claims[j] for j in sorted(self.wall)]
+
+    def periods(self) -> list[float]:
+        """Per round, the parent's ms from its seed request (after any baseline block) to the next
+        round's seed request: everything a round costs the device, the gap between rounds included."""
+        return [(self.asked[j + 1] - self.started[j]) * 1e3 for j in sorted(self.started) if j + 1 in self.asked]
+
+    def passes(self) -> dict:
+        """Rounds run, by pass: warm-up, main (timed), added by the pacer, re-measure."""
+        return {"warmup": self.plan.warmup, "main": self.plan.repeats, "extended": self.main_extra, "remeasure": self.again,
+                "total": self.next_round}
 
     def call_overheads(self) -> list[float]:
         """Per round, the parent's ms beyond the claimed time between `ready` and `returned`."""
