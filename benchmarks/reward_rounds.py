@@ -65,8 +65,8 @@ CANDIDATES = {  # name -> (task, ModelNew source after the shared prelude)
 }
 
 COLUMNS = ("reward", "ratio", "warmup", "main", "extended", "remeasure", "rounds", "locked_s", "rounds_s", "baseline_blocks_s",
-           "round_overhead_ms", "call_overhead_ms", "round_period_ms")
-REF_COLUMNS = ("rounds", "rounds_s", "round_overhead_ms", "round_period_ms")
+           "quiet_window_s", "round_overhead_ms", "call_overhead_ms", "round_period_ms")
+REF_COLUMNS = ("rounds", "rounds_s", "untimed_rounds_s", "round_overhead_ms", "round_period_ms")
 
 
 def row(res) -> dict:
@@ -75,11 +75,12 @@ def row(res) -> dict:
     return {"reward": res.reward, "reason": res.reason, "ratio": t.get("eager_ratio"),
             "warmup": r.get("warmup"), "main": r.get("main"), "extended": r.get("extended"), "remeasure": r.get("remeasure"),
             "rounds": r.get("total"), "locked_s": t.get("locked_s"), "rounds_s": t.get("rounds_s"),
-            "baseline_blocks_s": t.get("baseline_blocks_s"), "round_overhead_ms": t.get("round_overhead_ms"),
+            "baseline_blocks_s": t.get("baseline_blocks_s"), "quiet_window_s": t.get("quiet_window_s"), "round_overhead_ms": t.get("round_overhead_ms"),
             "call_overhead_ms": t.get("call_overhead_ms"), "round_period_ms": t.get("round_period_ms"),
             "timed_calls": (res.details.get("decision") or {}).get("timed_calls"),
             "undecided": (res.details.get("decision") or {}).get("undecided"),
             "reference": {"rounds": r.get("reference"), "rounds_s": t.get("reference_rounds_s"),
+                          "untimed_rounds_s": t.get("reference_untimed_rounds_s"),
                           "round_overhead_ms": t.get("reference_round_overhead_ms"),
                           "round_period_ms": t.get("reference_round_period_ms")}}
 
