@@ -138,7 +138,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     plan = TimingPlan.draw(warmup, repeats, tcfg.atol, tcfg.rtol, extra, min_timed)  # seeds reach the reference on stdin only
     # The reference clocks the main pass's rounds through the protocol (its overhead is the wall-clock
     # check's yardstick) and computes every other round's fingerprints without a clock
-    ref_rounds = RoundSession(plan, end=plan.main)
+    ref_rounds = RoundSession(plan, end=plan.main, own_work=True)
     res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
                     env_extra=device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
                     build_handler=session_handler(ref_rounds, None))

@@ -35,12 +35,12 @@ def _read_plan() -> dict | None:
 def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str) -> tuple[dict, dict]:
     """The reference side of the timed rounds (opsynth.reward.rounds): for every round's fresh
     inputs, Model's fingerprints and their tolerance; in full for the kept rounds. The rounds every
-    candidate's main pass may run go through the rounds protocol with the device to itself, doing
-    what a candidate's rounds do (the same code), so the parent's clock sees the same overhead.
-    Then, with the device shared with other checks and nothing clocking it, every round once more
-    (`untimed_rounds`): the tolerances (a pass over each output that candidates' rounds do not make,
-    so kept out of the clocked ones) and the fingerprints of the rounds only a longer pass or a
-    re-measure can reach. Returns the rounds and the seconds of each part."""
+    candidate's main pass may run go through the rounds protocol with the device to itself, the same
+    code as the candidate's rounds, so the parent's clock sees the same overhead (the tolerances, a
+    pass over each output candidates' rounds do not make, are reported as the reference's own work
+    and taken out of it). The rounds only a longer pass or a re-measure can reach come after, with
+    the device shared with other checks and nothing clocking them (`untimed_rounds`). Returns the
+    rounds and the seconds of each part."""
     import torch
 
     from opsynth.runtime import child
@@ -63,16 +63,21 @@ def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str) -> tup
     chan = Channel(child.BUILD_FD)
     seeds = plan["seeds"]
     t_lock = time.perf_counter()
+    def tol(j, outs):
+        scale[j] = tolerance(outs, atol, rtol)
+
     with device_lock(job), torch.no_grad():
         t0 = time.perf_counter()
-        kept, fps = run_rounds(call, buffers, stacked, timer, chan, 0, after_report=poison)
+        kept, fps = run_rounds(call, buffers, stacked, timer, chan, 0, after_report=poison, own_work=tol)
         chan.request({"kind": "timing_done"})
         t1 = time.perf_counter()
-    with device_checks(job), torch.no_grad():
-        again, keys = untimed_rounds(call, buffers, stacked, dict(enumerate(seeds)),
-                                     after=lambda j, outs: scale.__setitem__(j, tolerance(outs, atol, rtol)))
+    keys: dict = {}
+    if len(fps) < len(seeds):
+        with device_checks(job), torch.no_grad():
+            more, keys = untimed_rounds(call, buffers, stacked, {j: seeds[j] for j in range(len(fps), len(seeds))}, after=tol)
+            fps.update(more)
     t2 = time.perf_counter()
-    rounds = [{"fp": fps.get(j, again[j]), "scale": scale[j], "key": keys[j]} for j in range(len(seeds))]
+    rounds = [{"fp": fps[j], "scale": scale[j], **({"key": keys[j]} if j in keys else {})} for j in range(len(seeds))]
     times = {"rounds_s": round(t1 - t0, 3), "timing_wait_s": round(t0 - t_lock, 3), "untimed_rounds_s": round(t2 - t1, 3)}
     return {"rounds": rounds, "round_outputs": kept}, times
 

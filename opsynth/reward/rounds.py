@@ -14,9 +14,11 @@ The parent clocks each round on its own clock, around the call alone (from `roun
 so whatever the child does once it knows a round's inputs is inside that round's clock. What it
 sees beyond the claimed time is the harness's overhead, which the reference child's rounds (the
 same code) measure too: a claimed time far below what the parent saw is a patched clock
-(`implausible_timing`). The reference runs the main pass's rounds so, with the device to itself;
-the seeds only a longer pass or a re-measure can reach it computes after them, unclocked and with
-the device shared (`untimed_rounds`). The parent computes the median itself from the per-round claims.
+(`implausible_timing`). The reference runs the main pass's rounds so, with the device to itself
+(its own extra work there, the tolerances, it times and reports as `own_ms`, which the parent takes
+out of the round's clock for the reference's session alone: `own_work`); the seeds only a longer
+pass or a re-measure can reach it computes after them, unclocked and with the device shared
+(`untimed_rounds`). The parent computes the median itself from the per-round claims.
 Verdicts on the rounds: `incorrect_under_timing` (an output differs from the reference's for the
 same inputs), `output_cached` (it is the previous call's), `stale_output` (NaN where the reference
 has none: an output buffer poisoned after its call came back unwritten), `timing_protocol`.
@@ -129,6 +131,7 @@ class RoundSession:
     again: int = 0  # rounds of the re-measure pass (0: none)
     main_extra: int = 0  # rounds the pacer added to the main pass
     main_cut: int | None = None  # where the pacer ended the main pass before the plan's end (None: it did not)
+    own_work: bool = False  # the reference's session (trusted): a round's `own_ms` is taken out of its clock
     pacer: object = None
     error: str | None = None
     done: bool = False
@@ -180,7 +183,10 @@ class RoundSession:
                 fp = req.get("fp")
                 if not isinstance(fp, list):
                     return self._fail(f"round {j}: malformed report")
-                self.wall[j] = (now - self.started[j]) * 1e3
+                own = req.get("own_ms") if self.own_work else 0.0
+                if not isinstance(own, (int, float)) or not 0 <= own:
+                    return self._fail(f"round {j}: malformed own time {own!r}")
+                self.wall[j] = (now - self.started[j]) * 1e3 - own
                 self.fps[j] = fp
                 self.keys[j] = req.get("key")
                 self.next_round = nxt = j + 1
@@ -411,11 +417,14 @@ def _ask(chan: Channel, req: dict) -> dict:
 
 
 def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: int = 0, *, fresh: bool = True,
-               trials: list | None = None, before_call=None, check_call=None, after_report=None) -> tuple[dict, dict]:
+               trials: list | None = None, before_call=None, check_call=None, after_report=None,
+               own_work=None) -> tuple[dict, dict]:
     """Run one pass of timed rounds from round `first` in a child (reference or candidate, the same
     code), for as long as the parent sends seeds: make each round's inputs from its seed, time the
     call, check it (`check_call(j, outs)`, may raise), fingerprint it and its inputs (changed in
     place?) and report them, keep its outputs on the CPU when told, then `after_report(outs)`.
+    `own_work(j, outs)` (the reference's tolerances) runs before the report, timed here and reported
+    as `own_ms`, which only the reference's session takes out of the round's clock.
     With `fresh` False (a guard switched off, for tests) the rounds cycle the trial inputs instead.
     The harness's own torch ops (inputs, fingerprints, poisoning) bypass the dispatch modes on the
     stack (`harness_ops`): the candidate child's op audit acts only inside the call, and would
@@ -454,7 +463,12 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: in
         with harness_ops():
             fps[j] = fingerprint(outs)
             key = input_key(buffers)
-        rep = _ask(chan, {"kind": "round_done", "j": j, "fp": fps[j], "key": key})
+            report = {"kind": "round_done", "j": j, "fp": fps[j], "key": key}
+            if own_work is not None:
+                t0 = time.perf_counter()
+                own_work(j, outs)
+                report["own_ms"] = (time.perf_counter() - t0) * 1e3
+        rep = _ask(chan, report)
         seed["s"] = None if rep.get("seed") is None else int(rep["seed"])
         with harness_ops():
             if rep.get("keep"):
