@@ -388,14 +388,10 @@ class Channel:
             raise RuntimeError("no channel to the parent in this child")
         self.f = os.fdopen(fd, "r+b", buffering=0, closefd=False)
 
-    def send(self, req: dict) -> None:
+    def request(self, req: dict) -> dict:
         import json
 
         self.f.write(json.dumps(req).encode() + b"\n")
-
-    def reply(self) -> dict:
-        import json
-
         line = b""
         while not line.endswith(b"\n"):
             chunk = self.f.readline()
@@ -403,10 +399,6 @@ class Channel:
                 raise RuntimeError("the parent closed the channel")
             line += chunk
         return json.loads(line)
-
-    def request(self, req: dict) -> dict:
-        self.send(req)
-        return self.reply()
 
 
 def _ask(chan: Channel, req: dict) -> dict:
