@@ -356,7 +356,9 @@ def _summary(res) -> dict:
 
 
 PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "locked_s", "trials_s", "profiled_s",
-          "timing_wait_s", "rounds_s", "baseline_blocks_s", "compile_wait_s", "measure_wall_s", "judge_s")  # EvalResult.times keys
+          "timing_wait_s", "rounds_s", "baseline_blocks_s", "quiet_window_s", "compile_wait_s", "measure_wall_s", "judge_s",
+          "round_overhead_ms", "call_overhead_ms", "round_period_ms", "reference_rounds_s", "reference_untimed_rounds_s",
+          "reference_round_overhead_ms", "reference_round_period_ms")  # EvalResult.times keys
 
 
 def _median(values) -> float | None:
@@ -497,7 +499,10 @@ def main() -> None:
                    ext_requests=ext_after["requests"] - ext_before["requests"], ext_hits=ext_after["ext_hits"] - ext_before["ext_hits"],
                    builds=ext_after["builds"] - ext_before["builds"],
                    **_tu(before, ccache_stats(svc.ccache, svc.cache_dir)),
-                   **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in PHASES})
+                   **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in PHASES},
+                   median_rounds=_median((r.details.get("rounds") or {}).get("total") for r in results),  # timed rounds a candidate ran
+                   rounds_by_pass={k2: sum((r.details.get("rounds") or {}).get(k2) or 0 for r in results)
+                                   for k2 in ("warmup", "main", "extended", "remeasure", "total")})
         print(f"[{name}] {len(results)} in {wall:.0f} s = {rec['evals_per_min']}/min: {rec['rewards']}", flush=True)
         save()
         return rec

@@ -13,6 +13,9 @@ How, for each correct candidate (`Pacer`, driven by the candidate's `rounds.Roun
   last, the candidate is stopped and the task's baseline child times a block of the same number of
   calls (`baseline_runner`: fresh inputs per call, the same timer). Blocks alternate, so drift
   moves both samples alike; `confidence` turns them into the ratio and its interval;
+- once `min_timed_calls` timed calls ran, at each block boundary of the main pass, the pacer ends
+  the pass when the rest could not change the verdict (`ends_main_pass`: every threshold clear of
+  the ratio's interval by `confidence.EARLY_MARGIN`, or an output already wrong);
 - while a threshold that decides the reward is not cleared, the pacer asks the candidate for one
   more block (up to `max_timed_calls`); when eager is beaten, a compile baseline child joins (the
   task's one torch.compile in the batch, run with the device lock released and the candidate
@@ -244,6 +247,7 @@ class Pacer:
         self.pending: set[str] = set()
         self.dirty = True  # candidate rounds ran since the last baseline blocks
         self.next_boundary = warmup
+        self.looked: int | None = None  # the round before which baseline blocks last ran
         self.failed: str | None = None
         self.capped = False
         self._lock = ExitStack()
@@ -254,6 +258,7 @@ class Pacer:
         self.locked = False
         self.closed = False
         self.blocks_s = 0.0  # wall time of the baseline blocks (inside the candidate's locked window)
+        self.window_s = 0.0  # opening the quiet window (builds and idle baseline children stopped), inside it too
         self.compile_wait_s = 0.0  # waiting for the compile child (lock released meanwhile)
 
     # -- the child's requests ------------------------------------------------------------------
@@ -334,14 +339,38 @@ class Pacer:
         if not self.locked:
             return "timed rounds began before the timing lock was asked for"
         if j == 0:
+            t0 = time.perf_counter()
             self._window.enter_context(_quiet_window())
+            self.window_s += time.perf_counter() - t0
         if j < self.warmup:
             return None
         if j == self.next_boundary or self.pending:
             self._baseline_blocks()
             self.next_boundary = j + self.block_calls
+            self.looked = j
         self.dirty = True
         return None
+
+    def ends_main_pass(self, session, j: int) -> bool:
+        """Whether the main pass ends before round j (a block boundary, its baseline blocks just run)
+        rather than at the plan's end: after `plan.first_look` timed calls, once the rest of it could
+        not change the verdict, i.e. every threshold `after_pass` would sample for lies outside the
+        ratio's interval by EARLY_MARGIN (compile not yet timed: eager's alone; `after_pass` then
+        starts it), or an output already differs from the reference's (it will be rejected)."""
+        from opsynth.reward.confidence import EARLY_MARGIN, open_thresholds
+
+        plan = session.plan
+        if (self.baselines is None or self.looked != j or session.main_cut is not None or session.main_extra
+                or not plan.warmup + plan.first_look <= j < plan.main):
+            return False
+        end = bool(self.failed) or not self.correct_so_far(session)
+        if not end:
+            eager, comp = self.intervals(session)
+            timing_compile = self.cfg.compile_baseline and "compile" in self.active
+            end = not open_thresholds(eager, comp, self.cfg.margin, timing_compile, by=EARLY_MARGIN)
+        if end:
+            self.dirty = False  # round j will not run: the blocks just run are the trailing ones
+        return end
 
     def after_pass(self, session) -> int:
         """At the end of a pass of the main rounds: the trailing baseline blocks, then how many more

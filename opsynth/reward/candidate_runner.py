@@ -459,7 +459,6 @@ def _profiled_call(ctx, buffers, contents) -> tuple[list, list]:
 def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     """The rounds protocol with the parent (fresh inputs per call, a second pass when it asks), then the checks."""
     audit, cstate, off, rounds = ctx.audit, ctx.cstate, ctx.off, ctx.rounds
-    warmup, repeats = job["timing"]
     timer = ctx.timing.Timer(ctx.device, job.get("flush_l2", True))
     ctx.snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
     audit.stream_use.clear()
@@ -481,11 +480,12 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
         check_outputs(ctx, outs, where)
         device_state(ctx, where)
 
-    def timed_pass(first: int, count: int) -> dict:
+    def timed_pass(first: int) -> tuple[dict, int, int]:
+        """One pass from round `first`, as long as the parent sends seeds: (kept outputs, rounds run, rounds asked for next)."""
         try:
-            kept, _ = rounds.run_rounds(ctx.guarded, buffers, stacked, timer, chan, range(first, first + count),
-                                        fresh="fresh_inputs" not in off, trials=contents, before_call=before_call,
-                                        check_call=check_call, after_report=poison_outputs)
+            kept, fps = rounds.run_rounds(ctx.guarded, buffers, stacked, timer, chan, first,
+                                          fresh="fresh_inputs" not in off, trials=contents, before_call=before_call,
+                                          check_call=check_call, after_report=poison_outputs)
             rep = chan.request({"kind": "timing_done"})
         except Reject:
             raise
@@ -499,18 +499,13 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
             raise Reject("runtime_error", "timing: " + traceback.format_exc()[-4000:])
         if not rep.get("ok"):
             raise Reject("timing_protocol", str(rep.get("error")))
-        kept["again"] = int(rep.get("again") or 0)
-        return kept
+        return kept, len(fps), int(rep.get("again") or 0)
 
-    main = warmup + repeats
-    kept = timed_pass(0, main)
-    again = kept.pop("again")
-    done = main
+    kept, done, again = timed_pass(0)  # the main pass: the parent ends it (warmup + repeats, or earlier once settled)
     while again:  # the parent asks for more: a ratio near a threshold, or a median below the physical floor
         print(f"[candidate] the parent asked for {again} more timed calls", flush=True)
-        more = timed_pass(done, again)
-        done += again
-        again = more.pop("again")
+        more, ran, again = timed_pass(done)
+        done += ran
         kept.update(more)
     if len(audit.violations) > n_viol:
         raise Reject("fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")

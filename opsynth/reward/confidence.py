@@ -23,6 +23,10 @@ from dataclasses import asdict, dataclass
 METHOD = ("median(candidate) / median(baseline) over interleaved blocks; percentile bootstrap "
           "(each sample resampled on its own, fixed seed)")
 RESAMPLES = 2000
+# A main pass may end before its planned rounds (`Pacer.ends_main_pass`) only when every threshold
+# lies at least this far (relative) outside the interval: looking after every block is several looks,
+# and a percentile bootstrap of a median from ten calls is narrower than it should be.
+EARLY_MARGIN = 0.05
 BELOW, ABOVE, UNCLEAR = "below", "above", "unclear"
 
 
@@ -68,23 +72,25 @@ def median_interval(sample: list[float], confidence: float = 0.95, resamples: in
     return None if iv is None else (iv.ratio, iv.lo, iv.hi)
 
 
-def side(interval: RatioInterval | None, threshold: float) -> str:
-    """Where the interval lies against a ratio threshold: below it (faster), above, or across it."""
+def side(interval: RatioInterval | None, threshold: float, by: float = 0.0) -> str:
+    """Where the interval lies against a ratio threshold: below it (faster), above, or across it;
+    with `by`, only when it is also that far (relative) from the threshold."""
     if interval is None:
         return UNCLEAR
-    if interval.hi < threshold:
+    if interval.hi < threshold * (1.0 - by):
         return BELOW
-    if interval.lo >= threshold:
+    if interval.lo >= threshold * (1.0 + by):
         return ABOVE
     return UNCLEAR
 
 
 def open_thresholds(eager: RatioInterval | None, compile_: RatioInterval | None, margin: float,
-                    compile_wanted: bool) -> list[str]:
-    """The thresholds whose interval is still across them: `eager x margin` and `eager x 1.0`
-    always; `compile x margin` only once eager is beaten (before that it decides nothing)."""
-    out = [name for name, t in ((f"eager x{margin}", margin), ("eager x1.0", 1.0)) if side(eager, t) == UNCLEAR]
-    if compile_wanted and side(eager, margin) == BELOW and side(compile_, margin) == UNCLEAR:
+                    compile_wanted: bool, by: float = 0.0) -> list[str]:
+    """The thresholds whose interval is still across them (or, with `by`, within that relative
+    distance of them): `eager x margin` and `eager x 1.0` always; `compile x margin` only once eager
+    is beaten (before that it decides nothing)."""
+    out = [name for name, t in ((f"eager x{margin}", margin), ("eager x1.0", 1.0)) if side(eager, t, by) == UNCLEAR]
+    if compile_wanted and side(eager, margin) == BELOW and side(compile_, margin, by) == UNCLEAR:
         out.append(f"compile x{margin}")
     return out
 

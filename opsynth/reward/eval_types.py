@@ -86,6 +86,8 @@ class RewardConfig:
     confidence: float = 0.95  # two-sided level of the ratio's interval (opsynth.reward.confidence)
     timing_block: int | None = None  # timed calls per block, candidate and baseline alike (None: 10 on cuda, 5 on cpu)
     max_timed_calls: int | None = None  # cap on a candidate's timed calls while a ratio is near a threshold (None: 3x repeats)
+    min_timed_calls: int | None = None  # a main pass may end after this many timed calls once every threshold is clear
+    # of the ratio's interval by a margin (opsynth.reward.baselines.Pacer.ends_main_pass; None: 10; repeats: never early)
     baseline_drift: float = 2.0  # a cached baseline is replaced when outside the fresh median's interval widened by
     # this factor either way (the failures seen were 10-100x; a shared 2-core machine drifts ~1.6x between minutes)
 
@@ -111,6 +113,8 @@ class RewardConfig:
             raise ValueError(f"reward.baselines must be fresh or cached, got {self.baselines!r}")
         if not 0.5 <= self.confidence < 1.0:
             raise ValueError(f"reward.confidence must be in [0.5, 1), got {self.confidence}")
+        if self.min_timed_calls is not None and self.min_timed_calls < 2:
+            raise ValueError(f"reward.min_timed_calls must be >= 2 (the rounds compared in full are drawn among them), got {self.min_timed_calls}")
         if self.timing_block is not None and self.timing_block < 1:
             raise ValueError(f"reward.timing_block must be >= 1, got {self.timing_block}")
         if self.baseline_drift < 1.0:
@@ -166,6 +170,11 @@ class RewardConfig:
 
     def resolved_timing_block(self, device: str) -> int:
         return self.timing_block or (10 if device == "cuda" else 5)
+
+    def resolved_min_timed(self, device: str) -> int:
+        """The fewest timed calls (warm-up excluded) of a candidate's main pass."""
+        reps = self.timing(device)[1]
+        return min(reps, self.min_timed_calls if self.min_timed_calls is not None else 10)
 
     def timing_cap(self, device: str) -> int:
         """Most timed calls (warm-up excluded) a candidate's main pass may reach."""

@@ -65,6 +65,8 @@ class _Reference:
     flop_bound_ms: float | None = None
     cfg: RewardConfig | None = None  # the settings with the task's tolerance (task_cfg)
     facts: object = None  # compare.FactsMemo: facts about `outputs`, computed once for all its candidates
+    rounds_s: float | None = None  # the reference child's timed rounds, holding the device to itself
+    untimed_rounds_s: float | None = None  # its unclocked rounds (tolerances, the seeds past the main pass), the device shared
 
 
 def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
@@ -132,8 +134,11 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
 
     warmup, repeats = cfg.timing(device)
     extra = 0 if as_stored else cfg.timing_cap(device) - repeats  # rounds a ratio near a threshold may add
-    plan = TimingPlan.draw(warmup, repeats, tcfg.atol, tcfg.rtol, extra)  # seeds reach the reference on stdin only
-    ref_rounds = RoundSession(plan, end=len(plan.seeds))  # the reference runs the re-measure rounds too
+    min_timed = None if as_stored else cfg.resolved_min_timed(device)  # where the pacer may end a main pass
+    plan = TimingPlan.draw(warmup, repeats, tcfg.atol, tcfg.rtol, extra, min_timed)  # seeds reach the reference on stdin only
+    # The reference clocks the main pass's rounds through the protocol (its overhead is the wall-clock
+    # check's yardstick) and computes every other round's fingerprints without a clock
+    ref_rounds = RoundSession(plan, end=plan.main, own_work=True)
     res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
                     env_extra=device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
                     build_handler=session_handler(ref_rounds, None))
@@ -152,6 +157,9 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's outputs: {e}", scratch)
     finally:
         out_path.unlink(missing_ok=True)  # the candidate must never find the answers on disk
+    for j, r in enumerate(outputs.get("rounds") or []):  # the input hashes of the rounds it did not report over the channel
+        if "key" in r:
+            ref_rounds.keys.setdefault(j, r["key"])
     # Nor the inputs and weights: a module could read them at import time (when torch compute is
     # still allowed) and precompute outputs. They reach the candidate child on stdin, after __init__.
     data_path = Path(job["data_path"])
@@ -168,7 +176,8 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
-                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts)
+                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts,
+                      rounds_s=res.data.get("rounds_s"), untimed_rounds_s=res.data.get("untimed_rounds_s"))
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -259,6 +268,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         if res.data.get(k) is not None:
             times[k] = res.data[k]
     times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
+    times["quiet_window_s"] = round(pacer.window_s, 3)  # part of rounds_s: stopping builds and idle baseline children
     if pacer.compile_wait_s:
         times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
         if times.get("locked_s") is not None:  # the device was not held meanwhile
@@ -347,6 +357,13 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     times["call_overhead_ms"] = round(statistics.median(rounds.call_overheads()), 3)
     times["reference_round_overhead_ms"] = round(statistics.median(ref.rounds.overheads()), 3)
     times["reference_call_overhead_ms"] = round(statistics.median(ref.rounds.call_overheads()), 3)
+    # What a round costs the device, the gap to the next one included; the rounds run, by pass
+    periods, ref_periods = rounds.periods(), ref.rounds.periods()
+    times["round_period_ms"] = round(statistics.median(periods), 3) if periods else None
+    times["reference_round_period_ms"] = round(statistics.median(ref_periods), 3) if ref_periods else None
+    times["reference_rounds_s"] = ref.rounds_s  # the task's reference child, once per task and batch
+    times["reference_untimed_rounds_s"] = ref.untimed_rounds_s
+    details["rounds"] = {**rounds.passes(), "reference": ref.rounds.next_round}
     if fresh:
         verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys, ref.facts)
         if verdict != "ok":

@@ -2,15 +2,23 @@
 
 A round is one timed call. The parent draws every round's seed and the rounds whose outputs are
 kept in full, and shares them only with the reference child (on its stdin, never on disk). The
-measuring child asks for each round's seed over its channel when that round is due and reports the
-time it measured and the outputs' fingerprints when it is over; only then does it hear whether to
-keep this round's outputs. So nothing in the child, native code included, can know the inputs of a
-call before it runs, batch future calls, or know which calls are compared in full.
+measuring child gets each round's seed over its channel only once the previous round is reported
+(the first round of a pass asks for it), and reports the time it measured and the outputs'
+fingerprints when the call is over; only then does it hear whether to keep this round's outputs,
+and, with the same reply, the next round's seed (none: the pass is over). So nothing in the child,
+native code included, can know the inputs of a call before the previous one is reported, batch
+future calls, or know which calls are compared in full.
 
-The parent clocks each round on its own clock, around the call alone and from the seed request to
-the report. What it sees beyond the claimed time is the harness's overhead, which the reference
-child's rounds (the same code) measure too: a claimed time far below what the parent saw is a
-patched clock (`implausible_timing`). The parent computes the median itself from the per-round claims.
+The parent clocks each round on its own clock, around the call alone (from `round_ready` to
+`round_returned`, each answered before the child goes on) and from sending the seed to the report,
+so whatever the child does once it knows a round's inputs is inside that round's clock. What it
+sees beyond the claimed time is the harness's overhead, which the reference child's rounds (the
+same code) measure too: a claimed time far below what the parent saw is a patched clock
+(`implausible_timing`). The reference runs the main pass's rounds so, with the device to itself
+(its own extra work there, the tolerances, it times and reports as `own_ms`, which the parent takes
+out of the round's clock for the reference's session alone: `own_work`); the seeds only a longer
+pass or a re-measure can reach it computes after them, unclocked and with the device shared
+(`untimed_rounds`). The parent computes the median itself from the per-round claims.
 Verdicts on the rounds: `incorrect_under_timing` (an output differs from the reference's for the
 same inputs), `output_cached` (it is the previous call's), `stale_output` (NaN where the reference
 has none: an output buffer poisoned after its call came back unwritten), `timing_protocol`.
@@ -25,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-KEEP = 2  # rounds whose outputs are also compared in full, drawn among the timed (post-warm-up) ones
+KEEP = 2  # rounds whose outputs are also compared in full, drawn among the timed rounds every main pass runs
 # The parent clocks each timed call twice: around the call alone (inputs ready to call returned) and
 # over the whole round. Beyond the claim, each may be WALL_FACTOR times the reference's overhead in the
 # same window plus a slack (scheduler noise), and the round also up to WALL_CLAIM_FACTOR times the claim
@@ -60,17 +68,24 @@ class TimingPlan:
         return self.warmup + self.repeats
 
     extra: int = 0  # rounds the main pass may be extended by (a ratio near a threshold: opsynth.reward.baselines)
+    min_timed: int | None = None  # the fewest timed rounds of a main pass (the pacer may end it there); None: repeats
+
+    @property
+    def first_look(self) -> int:
+        """Timed rounds every main pass runs: the kept rounds are drawn among them."""
+        return min(self.repeats, self.min_timed or self.repeats)
 
     @classmethod
-    def draw(cls, warmup: int, repeats: int, atol: float, rtol: float, extra: int = 0) -> "TimingPlan":
+    def draw(cls, warmup: int, repeats: int, atol: float, rtol: float, extra: int = 0, min_timed: int | None = None) -> "TimingPlan":
         rng = secrets.SystemRandom()
         n = warmup + repeats + extra + remeasure_rounds(repeats)
-        keep = sorted(rng.sample(range(warmup, warmup + repeats), min(KEEP, repeats)))
-        return cls(warmup, repeats, [rng.randrange(1, 2**62) for _ in range(n)], keep, atol, rtol, extra)
+        plan = cls(warmup, repeats, [rng.randrange(1, 2**62) for _ in range(n)], [], atol, rtol, extra, min_timed)
+        plan.keep = sorted(rng.sample(range(warmup, warmup + plan.first_look), min(KEEP, plan.first_look)))
+        return plan
 
     def to_dict(self) -> dict:
         return {"warmup": self.warmup, "repeats": self.repeats, "seeds": self.seeds, "keep": self.keep,
-                "atol": self.atol, "rtol": self.rtol, "extra": self.extra}
+                "atol": self.atol, "rtol": self.rtol, "extra": self.extra, "min_timed": self.min_timed}
 
 
 class ProtocolError(Exception):
@@ -81,23 +96,28 @@ class ProtocolError(Exception):
 class RoundSession:
     """One child's rounds, as the parent saw them (one per child, called from its channel thread).
 
-    A round is four messages, in this order: `round_start` (the parent answers with the seed),
-    `round_ready` (inputs made, the timed call comes next), `round_returned` (the call is over: its
-    claimed ms), `round_done` (fingerprints and input hash; the parent answers whether to keep the
-    outputs). The parent's clock between `ready` and `returned` holds the call and little else.
+    A round is three messages, in this order, each answered before the child goes on: `round_ready`
+    (inputs made, the timed call comes next), `round_returned` (the call is over: its claimed ms),
+    `round_done` (fingerprints and input hash; the parent answers whether to keep the outputs and
+    with the next round's seed, or none when the pass is over). The first round of a pass asks for
+    its seed with `round_start`. The parent's clock between `ready` and `returned` holds the call and
+    little else.
 
     With a `pacer` (a candidate's session: `opsynth.reward.baselines.Pacer`) the child first asks
     for the device, shared with other checks for its checked calls (`timing_share` .. `timing_unshare`)
     and to itself for its timed rounds (`timing_lock`, held by the parent until `timing_unlock`); the pacer runs
     baseline blocks while the child waits for a round's seed (the parent's clocks of that round
-    start after them), and at the end of the main pass may extend it (`again` on `timing_done`,
-    the same rounds protocol on the plan's next seeds) before the re-measure decision is taken."""
+    start after them), may end the main pass at a block boundary once the verdict is settled
+    (`Pacer.ends_main_pass`: no seed in that reply), and at the end of the main pass may extend it
+    (`again` on `timing_done`, the same rounds protocol on the plan's next seeds) before the
+    re-measure decision is taken."""
 
     plan: TimingPlan
     floor_ms: float | None = None  # below it, the timed pass gets a second one (None: no floor)
     reference: "RoundSession | None" = None  # the reference child's rounds: a main pass that looks like a
     # patched clock against them (`plausible`) also gets the second pass, since load from outside (a CPU
     # quota's throttling, another child starting) can stall every round of a short pass
+    asked: dict = field(default_factory=dict)  # round -> parent clock when its seed request arrived (before any baseline block)
     started: dict = field(default_factory=dict)  # round -> parent clock at the seed request
     ready: dict = field(default_factory=dict)  # round -> parent clock when its inputs were ready
     claims: dict = field(default_factory=dict)  # round -> claimed ms
@@ -110,12 +130,14 @@ class RoundSession:
     end: int | None = None  # rounds of this child: main, or main + re-measure
     again: int = 0  # rounds of the re-measure pass (0: none)
     main_extra: int = 0  # rounds the pacer added to the main pass
+    main_cut: int | None = None  # where the pacer ended the main pass before the plan's end (None: it did not)
+    own_work: bool = False  # the reference's session (trusted): a round's `own_ms` is taken out of its clock
     pacer: object = None
     error: str | None = None
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    _NEXT = {"round_start": "round_ready", "round_ready": "round_returned", "round_returned": "round_done", "round_done": "round_start"}
+    _ROUND = ("round_start", "round_ready", "round_returned", "round_done")
 
     def _fail(self, msg: str) -> dict:
         if self.error is None:
@@ -128,7 +150,7 @@ class RoundSession:
             if self.error is not None:
                 return {"ok": False, "error": self.error}
             kind = req.get("kind")
-            end = self.end if self.end is not None else self.main_end
+            end = self.pass_end
             if kind in ("timing_share", "timing_unshare", "timing_lock", "timing_unlock"):
                 if self.pacer is not None:
                     why = {"timing_share": self.pacer.share, "timing_unshare": self.pacer.unshare,
@@ -136,21 +158,19 @@ class RoundSession:
                     if why:
                         return self._fail(why)
                 return {"ok": True}
-            if kind in self._NEXT:
+            if kind in self._ROUND:
                 j = req.get("j")
                 if j != self.next_round or kind != self.step or j >= end:
                     return self._fail(f"{kind} for round {j} out of turn (expected {self.step} for round {self.next_round})")
-                self.step = self._NEXT[kind]
-                if kind == "round_start":
-                    if self.pacer is not None and self.end is None:
-                        why = self.pacer.before_round(self, j)  # baseline blocks, the candidate stopped
-                        if why:
-                            return self._fail(why)
-                        now = time.perf_counter()  # this round's clock starts after them
-                    self.started[j] = now
+                if kind == "round_start":  # the first round of a pass
+                    why = self._begin(j, now)
+                    if why:
+                        return self._fail(why)
+                    self.step = "round_ready"
                     return {"ok": True, "seed": self.plan.seeds[j]}
                 if kind == "round_ready":
                     self.ready[j] = now
+                    self.step = "round_returned"
                     return {"ok": True}
                 if kind == "round_returned":
                     ms = req.get("ms")
@@ -158,16 +178,31 @@ class RoundSession:
                         return self._fail(f"round {j}: malformed time {ms!r}")
                     self.claims[j] = float(ms)
                     self.call_wall[j] = (now - self.ready[j]) * 1e3
+                    self.step = "round_done"
                     return {"ok": True}
                 fp = req.get("fp")
                 if not isinstance(fp, list):
                     return self._fail(f"round {j}: malformed report")
-                self.wall[j] = (now - self.started[j]) * 1e3
+                own = req.get("own_ms") if self.own_work else 0.0
+                if not isinstance(own, (int, float)) or not 0 <= own:
+                    return self._fail(f"round {j}: malformed own time {own!r}")
+                self.wall[j] = (now - self.started[j]) * 1e3 - own
                 self.fps[j] = fp
                 self.keys[j] = req.get("key")
-                self.next_round += 1
-                return {"ok": True, "keep": j in self.plan.keep}
+                self.next_round = nxt = j + 1
+                reply = {"ok": True, "keep": j in self.plan.keep}
+                if nxt < end:
+                    why = self._begin(nxt, time.perf_counter())
+                    if why:
+                        return self._fail(why)
+                if nxt < self.pass_end:
+                    self.step = "round_ready"
+                    reply["seed"] = self.plan.seeds[nxt]
+                else:
+                    self.step = "round_start"  # the pass is over: `timing_done` next
+                return reply
             if kind == "timing_done":
+                end = self.pass_end
                 if self.next_round != end or self.step != "round_start":
                     return self._fail(f"timing ended after {self.next_round} of {end} rounds")
                 if self.end is None and self.pacer is not None:
@@ -189,10 +224,30 @@ class RoundSession:
                 return {"ok": True, "again": 0}
             return self._fail(f"unknown timing message {kind!r}")
 
+    def _begin(self, j: int, now: float) -> str | None:
+        """Round j's seed is about to be sent: the pacer's baseline blocks first (the round's clock
+        starts after them), and its word on whether the main pass ends before round j instead."""
+        self.asked[j] = now
+        if self.pacer is not None and self.end is None:
+            why = self.pacer.before_round(self, j)  # baseline blocks, the candidate stopped
+            if why:
+                return why
+            if self.pacer.ends_main_pass(self, j):
+                self.main_cut = j
+                return None
+            now = time.perf_counter()
+        self.started[j] = now
+        return None
+
     @property
     def main_end(self) -> int:
-        """The end of the main pass: the plan's, plus what the pacer added."""
-        return self.plan.main + self.main_extra
+        """The end of the main pass: the plan's (or where the pacer ended it), plus what the pacer added."""
+        return (self.plan.main if self.main_cut is None else self.main_cut) + self.main_extra
+
+    @property
+    def pass_end(self) -> int:
+        """The end of the pass under way: the main pass, or the re-measure pass once asked for."""
+        return self.end if self.end is not None else self.main_end
 
     @property
     def in_window(self) -> bool:
@@ -211,6 +266,16 @@ class RoundSession:
     def overheads(self) -> list[float]:
         """Per round, the parent's ms beyond the claimed time, over the whole round."""
         return [self.wall[j] - self.claims[j] for j in sorted(self.wall)]
+
+    def periods(self) -> list[float]:
+        """Per round, the parent's ms from its seed request (after any baseline block) to the next
+        round's seed request: everything a round costs the device, the gap between rounds included."""
+        return [(self.asked[j + 1] - self.started[j]) * 1e3 for j in sorted(self.started) if j + 1 in self.asked]
+
+    def passes(self) -> dict:
+        """Rounds run, by pass: warm-up, main (timed), added by the pacer, re-measure."""
+        return {"warmup": self.plan.warmup, "main": self.main_end - self.main_extra - self.plan.warmup, "extended": self.main_extra,
+                "remeasure": self.again, "total": self.next_round}
 
     def call_overheads(self) -> list[float]:
         """Per round, the parent's ms beyond the claimed time between `ready` and `returned`."""
@@ -315,7 +380,8 @@ def plausible(session: RoundSession, reference: RoundSession) -> tuple[bool, str
 
 
 class Channel:
-    """JSON lines to the parent over the child's channel (the build channel's socket)."""
+    """JSON lines to the parent over the child's channel (the build channel's socket); the parent
+    answers every line, in order."""
 
     def __init__(self, fd: int | None):
         if fd is None:
@@ -342,42 +408,92 @@ def _ask(chan: Channel, req: dict) -> dict:
     return rep
 
 
-def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, rounds, *, fresh: bool = True,
-               trials: list | None = None, before_call=None, check_call=None, after_report=None) -> dict:
-    """Run timed rounds in a child (reference or candidate, the same code): ask the parent for each
-    round's seed, make its inputs, time the call, check it (`check_call(j, outs)`, may raise),
-    fingerprint it and its inputs (changed in place?) and report them, keep its outputs on the CPU when told, then `after_report(outs)`.
+def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: int = 0, *, fresh: bool = True,
+               trials: list | None = None, before_call=None, check_call=None, after_report=None,
+               own_work=None) -> tuple[dict, dict]:
+    """Run one pass of timed rounds from round `first` in a child (reference or candidate, the same
+    code), for as long as the parent sends seeds: make each round's inputs from its seed, time the
+    call, check it (`check_call(j, outs)`, may raise), fingerprint it and its inputs (changed in
+    place?) and report them, keep its outputs on the CPU when told, then `after_report(outs)`.
+    `own_work(j, outs)` (the reference's tolerances) runs before the report, timed here and reported
+    as `own_ms`, which only the reference's session takes out of the round's clock.
     With `fresh` False (a guard switched off, for tests) the rounds cycle the trial inputs instead.
-    Returns ({round: outputs} of the kept rounds, {round: fingerprints})."""
+    The harness's own torch ops (inputs, fingerprints, poisoning) bypass the dispatch modes on the
+    stack (`harness_ops`): the candidate child's op audit acts only inside the call, and would
+    otherwise cost every one of them a trip through Python.
+    Returns ({round: outputs} of the kept rounds, {round: fingerprints}) of this pass."""
     from opsynth.reward.compare import as_output_list
     from opsynth.reward.timed_inputs import fingerprint, fresh_inputs, input_key
-    from opsynth.runtime.timing import load_contents, time_rounds
+    from opsynth.runtime.timing import time_rounds
 
     kept: dict = {}
     fps: dict = {}
-    seed = {}
+    seed = {"s": int(_ask(chan, {"kind": "round_start", "j": first})["seed"])}
 
     def start(j):
-        seed["s"] = int(_ask(chan, {"kind": "round_start", "j": j})["seed"])
+        if seed["s"] is None:
+            return False  # the parent sent no seed: this pass is over
         if before_call is not None:
             before_call()
-        if fresh:
-            fresh_inputs(buffers, stacked, seed["s"])
-        else:
-            load_contents(buffers, trials[j % len(trials)])
-        _ask(chan, {"kind": "round_ready", "j": j})
+        with harness_ops():
+            if fresh:
+                fresh_inputs(buffers, stacked, seed["s"])
+            else:
+                from opsynth.runtime.timing import load_contents
+
+                load_contents(buffers, trials[j % len(trials)])
+        _ask(chan, {"kind": "round_ready", "j": j})  # waited for: the parent's clock starts before the call
+        return True
 
     def end(j, ms, out):
+        # Waited for too: a child that went on computing meanwhile would take the core from the parent's
+        # reader on a loaded machine, and the late clock would widen the window the wall-clock check allows
         _ask(chan, {"kind": "round_returned", "j": j, "ms": float(ms)})
         outs = as_output_list(out)
         if check_call is not None:
-            check_call(j, outs)
-        fps[j] = fingerprint(outs)
-        rep = _ask(chan, {"kind": "round_done", "j": j, "fp": fps[j], "key": input_key(buffers)})
-        if rep.get("keep"):
-            kept[j] = [o.detach().cpu().clone() for o in outs]
-        if after_report is not None:
-            after_report(outs)
+            check_call(j, outs)  # plain tensors only, before any harness op touches them
+        with harness_ops():
+            fps[j] = fingerprint(outs)
+            key = input_key(buffers)
+            report = {"kind": "round_done", "j": j, "fp": fps[j], "key": key}
+            if own_work is not None:
+                t0 = time.perf_counter()
+                own_work(j, outs)
+                report["own_ms"] = (time.perf_counter() - t0) * 1e3
+        rep = _ask(chan, report)
+        seed["s"] = None if rep.get("seed") is None else int(rep["seed"])
+        with harness_ops():
+            if rep.get("keep"):
+                kept[j] = [o.detach().cpu().clone() for o in outs]
+            if after_report is not None:
+                after_report(outs)
 
-    time_rounds(fn, buffers, timer, rounds, start, end)
+    time_rounds(fn, buffers, timer, first, start, end)
     return kept, fps
+
+
+def harness_ops():
+    """A context in which torch ops skip every dispatch mode on the stack (restored on leaving): for
+    the harness's own work on plain tensors, never around a call of the candidate's code."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def untimed_rounds(fn, buffers: list, stacked: list, seeds: dict, after=None) -> tuple[dict, dict]:
+    """The reference's outputs for rounds no child has to clock (trusted code, no channel): for each
+    {round: seed}, its fresh inputs, the call, then its fingerprints and input hash, as `run_rounds`
+    reports them, and `after(j, outs)`. Returns ({round: fingerprints}, {round: input hash})."""
+    from opsynth.reward.compare import as_output_list
+    from opsynth.reward.timed_inputs import fingerprint, fresh_inputs, input_key
+
+    fps: dict = {}
+    keys: dict = {}
+    for j, s in sorted(seeds.items()):
+        fresh_inputs(buffers, stacked, int(s))
+        outs = as_output_list(fn(*buffers))
+        fps[j], keys[j] = fingerprint(outs), input_key(buffers)
+        if after is not None:
+            after(j, outs)
+        outs = None
+    return fps, keys

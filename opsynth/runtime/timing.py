@@ -192,15 +192,17 @@ def _snapshot(out):
     return out
 
 
-def time_rounds(fn, buffers: list, timer: Timer, rounds, start_round, end_round) -> list[float]:
-    """The reward's timed rounds (opsynth.reward.rounds): for each round j, `start_round(j)` puts that
-    call's fresh inputs into `buffers` outside the timed region, one call of fn(*buffers) is timed,
-    and `end_round(j, ms, out)` checks and reports it. Returns the milliseconds of each round."""
+def time_rounds(fn, buffers: list, timer: Timer, first: int, start_round, end_round) -> list[float]:
+    """The reward's timed rounds (opsynth.reward.rounds), from round `first`: for each round j,
+    `start_round(j)` puts that call's fresh inputs into `buffers` outside the timed region (False:
+    the pass is over), one call of fn(*buffers) is timed, and `end_round(j, ms, out)` checks and
+    reports it. Returns the milliseconds of each round."""
     times = []
-    for j in rounds:
-        start_round(j)
+    j = first
+    while start_round(j):
         ms, out = timer.time_call(fn, buffers)
         end_round(j, ms, out)
         times.append(ms)
         out = None  # freed before the next call's inputs are made (see time_forward)
+        j += 1
     return times

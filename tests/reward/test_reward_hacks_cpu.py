@@ -85,7 +85,9 @@ def test_hack(hack_results, name):
 def test_every_timed_call_had_fresh_inputs_and_was_checked(hack_results):
     for name in ("fast", "memo"):
         d = hack_results[name].details
-        assert d["timed_input_sets"] == 26 and d["timed_outputs_checked"] == 26 and d["timed_outputs_compared"] == 2, d
+        ran = d["rounds"]["total"]  # 5 warm-up and at least min_timed_calls (10); 26 unless the pass ended early
+        assert 15 <= ran <= 26 and d["timed_input_sets"] == ran and d["timed_outputs_checked"] == ran, d
+        assert d["timed_outputs_compared"] == 2, d
     t = hack_results["fast"].times
     assert 0 < t["floor_ms"] < t["candidate_ms"]
     # the memoising candidate is timed as what it is: its 40x kernel, not a lookup

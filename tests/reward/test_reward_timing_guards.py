@@ -93,7 +93,8 @@ def _reference(plan, outs):
 
 
 def _round(session, j, out, ms=1.0):
-    assert session.handle({"kind": "round_start", "j": j})["ok"]
+    if session.step == "round_start":  # the first round of a pass asks for its seed; the others got it with the last report
+        assert session.handle({"kind": "round_start", "j": j})["ok"]
     assert session.handle({"kind": "round_ready", "j": j})["ok"]
     assert session.handle({"kind": "round_returned", "j": j, "ms": ms})["ok"]
     rep = session.handle({"kind": "round_done", "j": j, "fp": timed_inputs.fingerprint(out), "key": j})
@@ -245,16 +246,21 @@ def test_wall_clock_check_sees_a_clock_patched_only_in_the_calls_that_set_the_me
 
 
 def _report(s, j, claim, call_ms, round_ms):
-    """Drive one round through the session's handler with a fake parent clock."""
+    """Drive one round through the session's handler with a fake parent clock: its seed sent at t
+    (now, or with the last round's report), ready 1 us later, returned `call_ms` after that, reported
+    `round_ms` after t."""
     import opsynth.reward.rounds as rounds_mod
 
-    t = {"now": 1000.0 + j}
-    clock = iter([t["now"], t["now"] + 0.001, t["now"] + 0.001 + call_ms / 1e3, t["now"] + round_ms / 1e3])
+    clock = {"now": 1000.0 + j}
     real = rounds_mod.time.perf_counter
-    rounds_mod.time.perf_counter = lambda: next(clock)
+    rounds_mod.time.perf_counter = lambda: clock["now"]
     try:
-        for kind, extra in (("round_start", {}), ("round_ready", {}), ("round_returned", {"ms": claim}),
-                            ("round_done", {"fp": [], "key": "k"})):
+        if s.step == "round_start":
+            assert s.handle({"kind": "round_start", "j": j})["ok"]
+        t = clock["now"] = s.started[j]
+        for kind, at, extra in (("round_ready", 0.001, {}), ("round_returned", 0.001 + call_ms / 1e3, {"ms": claim}),
+                                ("round_done", round_ms / 1e3, {"fp": [], "key": "k"})):
+            clock["now"] = t + at
             assert s.handle({"kind": kind, "j": j, **extra})["ok"]
     finally:
         rounds_mod.time.perf_counter = real
