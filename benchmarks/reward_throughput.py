@@ -464,8 +464,8 @@ def main() -> None:
         ref = _prepare_reference(src, cfg, device)
         print(f"[warm-up {time.perf_counter() - t0:.0f} s] {name}: ok={ref.ok} eager={ref.eager_ms} compile={ref.compile_ms}", flush=True)
         _cleanup(ref.scratch, cfg)
-    if cfg.shared_pch:
-        d = pch_include_dir(pch_root(cache), ["-O3"], with_cuda=device == "cuda", log=print)
+    if cfg.shared_pch:  # the light header's (what builds use, opsynth.reward.light_headers), else torch's own
+        d = pch_include_dir(pch_root(cache), ["-O3"], with_cuda=device == "cuda", log=print, light=cfg.light_headers)
         print(f"[warm-up] shared PCH {'ready' if d else 'unavailable'}", flush=True)
     out["warmup_s"] = round(time.perf_counter() - t0, 1)
     save()
