@@ -7,7 +7,7 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 OPSYNTH_CCACHE=$PWD/.tools/ccache/ccache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for iso in auto none; do
+for iso in ${ISOLATIONS:-auto none}; do  # ISOLATIONS=auto: the hardened sandbox alone
   timeout ${RUN_S:-270} python3 benchmarks/reward_throughput.py --baseline-count 2 --isolation $iso \
     --out "$OUT/reward_throughput_$iso.json" > "$OUT/reward_throughput_$iso.log" 2>&1
   echo "isolation=$iso rc=$?"; tail -7 "$OUT/reward_throughput_$iso.log"
