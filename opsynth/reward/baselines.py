@@ -353,7 +353,8 @@ class Pacer:
 
     def ends_main_pass(self, session, j: int) -> bool:
         """Whether the main pass ends before round j (a block boundary, its baseline blocks just run)
-        rather than at the plan's end: after `plan.first_look` timed calls, once the rest of it could
+        rather than at the plan's end: when the task's baseline is in the cache already, after
+        `plan.first_look` timed calls, once the rest of it could
         not change the verdict, i.e. every threshold `after_pass` would sample for lies outside the
         ratio's interval by EARLY_MARGIN (compile not yet timed: eager's alone; `after_pass` then
         starts it), or an output already differs from the reference's (it will be rejected)."""
@@ -362,6 +363,11 @@ class Pacer:
         plan = session.plan
         if (self.baselines is None or self.looked != j or session.main_cut is not None or session.main_extra
                 or not plan.warmup + plan.first_look <= j < plan.main):
+            return False
+        if (self.baselines.cached or {}).get("eager_ms") is None:
+            # No entry yet: this candidate's eager samples become the task's cached baseline, which
+            # every later candidate is re-validated against; it gets the whole main pass's blocks
+            # (an early end left 10-15 samples and two caches' entries read 2.1x apart on 2 cores).
             return False
         end = bool(self.failed) or not self.correct_so_far(session)
         if not end:

@@ -177,8 +177,9 @@ class _FakeServer:
 
 
 class _FakeBaselines:
-    def __init__(self, **ms):
+    def __init__(self, cached: dict | None = None, **ms):
         self.servers = {k: _FakeServer(v, i) for i, (k, v) in enumerate(ms.items())}
+        self.cached = {"eager_ms": ms.get("eager"), "compile_ms": ms.get("compile")} if cached is None else cached
 
     def uses_cache(self):
         return False
@@ -187,13 +188,14 @@ class _FakeBaselines:
         return self.servers[kind]
 
 
-def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bool = False, wrong_from: int | None = None, **ms):
+def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bool = False, wrong_from: int | None = None,
+           cached: dict | None = None, **ms):
     """A candidate's timing as its child drives it (10 warm-up, 30 repeats, blocks of 10, cap 90),
     each round claiming about `cand_ms`; from round `wrong_from` on, outputs unlike the reference's."""
     cfg = RewardConfig(device="cpu", timing_block=10, compile_baseline=compile_baseline)
     plan = TimingPlan.draw(10, 30, 1e-2, 1e-2, extra=60, min_timed=min_timed)
     ref_fps = {j: {"fp": [[float(j), 0.0]], "scale": [1e-3]} for j in range(len(plan.seeds))}
-    pacer = Pacer(_FakeBaselines(**ms), cfg, "cpu", str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
+    pacer = Pacer(_FakeBaselines(cached, **ms), cfg, "cpu", str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
                   reference=(ref_fps, {j: "k" for j in ref_fps}))
     s = RoundSession(plan, pacer=pacer)
     rng = random.Random(7)
@@ -229,6 +231,12 @@ def test_a_clear_candidate_ends_its_main_pass_after_min_timed_calls(tmp_path):
         assert pacer.baselines.servers["eager"].blocks == [10, 10, 10]  # warm-up, before and after the one block
     s, _ = _paced(tmp_path, 0.5, None, eager=1.0)  # control: without a minimum the plan's 30 run
     assert s.main_end == 40 and s.main_cut is None
+
+
+def test_the_candidate_whose_samples_become_the_cached_baseline_runs_the_whole_main_pass(tmp_path):
+    s, pacer = _paced(tmp_path, 0.5, 10, cached={"eager_ms": None, "compile_ms": None}, eager=1.0)
+    assert s.main_cut is None and s.main_end == 40
+    assert sum(pacer.baselines.servers["eager"].blocks) >= 30  # the entry is a median of the whole pass's blocks
 
 
 def test_a_candidate_near_a_threshold_runs_the_whole_main_pass_and_more(tmp_path):
