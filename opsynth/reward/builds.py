@@ -401,8 +401,7 @@ class BuildService:
                 pch_dir = self._pch_dir(req, start=False)
             else:
                 pch_dir = self._pch_dir(req)
-            has_pch = light_dir is not None and Path(light_dir, "torch", "extension.h.gch").is_file() or \
-                light_dir is None and pch_dir is not None
+            has_pch = Path(light_dir, "torch", "extension.h.gch").is_file() if light_dir else pch_dir is not None
             self.log(f"[reward] building extension {req['name']} ({'light headers, ' if light_dir else ''}"
                      f"{'with' if has_pch else 'without'} the shared PCH)")
             job = {

@@ -16,6 +16,7 @@ old build time, never a wrong build.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import os
@@ -103,7 +104,15 @@ def _compiler() -> tuple[str, str] | None:
 
     if not sys.platform.startswith("linux"):
         return None
-    cxx = ce.get_cxx_compiler()
+    return _gcc_version(ce.get_cxx_compiler())
+
+
+@functools.lru_cache(maxsize=8)
+def _gcc_version(cxx: str) -> tuple[str, str] | None:
+    """(cxx, its --version) when it is gcc; once per compiler and process: a build asks for the
+    light header's folder and both PCHs, and each asked for a compiler subprocess."""
+    import torch.utils.cpp_extension as ce
+
     try:
         if not ce.check_compiler_is_gcc(cxx):
             return None  # clang's PCH works differently (-include-pch); not worth a second path
