@@ -109,14 +109,18 @@ def test_smoke_policy_judges_programs_trains_and_resumes_from_the_readme_command
     assert any(e["reward"] >= 1 for e in evals), [e["reason"] for e in evals]
     assert not any(e["reason"].startswith("reward_env_error") for e in evals), evals[0]
     # ... and GRPO changed the weights it was warm-started with.
-    # GRPO's advantage is a reward's distance from its group's mean: with no spread in any group
-    # (every episode of a step and turn scored alike, which a sharp warm start can give) the weights
-    # must stay put (beta 0, no weight decay); with a spread somewhere they must move.
+    # GRPO's advantage is an episode's reward (its last turn's, episode_reward=last) less its group's
+    # mean, and a group is one prompt's generations: one step here (batch 4 = num_generations 4).
+    # With no spread in any group (every episode of a step ending alike, which a sharp warm start
+    # can give) the weights must stay put (beta 0, no weight decay); with a spread they must move.
+    # Turns are not groups: every episode of a step can score 1 at turn 1 and -1 at turn 2.
     start, final = _weights(out / "smoke_policy"), _weights(out / "final")
     changed = any(not (start[k] == final[k]).all() for k in start)
-    groups = {(e["step"], e["turn"]) for e in evals}
-    spread = any(len({e["reward"] for e in evals if (e["step"], e["turn"]) == g}) > 1 for g in groups)
-    assert changed == spread, (changed, [(e["step"], e["turn"], e["reward"]) for e in evals])
+    last = {}
+    for e in sorted(evals, key=lambda e: e["turn"]):
+        last[(e["step"], e["episode"])] = e["reward"]
+    spread = any(len({r for (s, _), r in last.items() if s == step}) > 1 for step in {s for s, _ in last})
+    assert changed == spread, (changed, [(e["step"], e["episode"], e["turn"], e["reward"]) for e in evals])
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward" in r]
