@@ -15,7 +15,7 @@ scores -1 and GRPO has nothing to compare), split by the task-id hash into train
 tasks (`--heldout-fraction`), the first `--limit-tasks` training tasks trained on (so each recurs
 within the steps). The policy is the smoke policy warm-started on every one of those tasks' program (`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
 temperature writes them with probability `--warm-start-rate`; then GRPO, `--turns` turns an
-episode (scored by its best turn: the warm start teaches first turns, not revisions), `--tasks-per-step` tasks x `--num-generations` episodes a step, for `--steps` steps or
+episode (scored by its best turn: a sampled revision that breaks a correct first program would otherwise erase the first turn's signal), `--tasks-per-step` tasks x `--num-generations` episodes a step, for `--steps` steps or
 until `--budget-s` has passed (the step in progress finishes). The control is the same run with
 learning_rate=0 (the same warm start, tasks, seeds, step count and evaluation budget).
 
@@ -311,8 +311,8 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--budget-s", type=float, default=380.0, help="training stops after the step that ends past this")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--episode-reward", default="best", choices=["last", "best", "discounted"],
-                   help="best (default): the smoke policy is warm-started on first turns only, so its revisions "
-                        "rarely hold a program; scoring an episode by its best turn keeps the first turn's signal")
+                   help="best (default): a sampled revision can break a correct first program (the warm start "
+                        "writes the program again after feedback about 3 times in 4); the best turn keeps the first turn's signal")
     p.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO group)")
     p.add_argument("--tasks-per-step", type=int, default=2)
     p.add_argument("--max-completion-length", type=int, default=160, help="tokens per turn")

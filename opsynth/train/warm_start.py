@@ -911,13 +911,15 @@ def size_variant_examples(rows: list[dict[str, Any]], n: int | None, k: int, dev
     return out
 
 
-def revision_examples(examples: list[tuple[str, str]], seed: int = 0) -> list[tuple[str, str, str, str]]:
+def revision_examples(examples: list[tuple[str, str]], seed: int = 0, timings: int = 6) -> list[tuple[str, str, str, str]]:
     """Second turns to warm-start on, for multi-turn training: for each (prompt, answer) pair, the
     answer written again after (a) the answer itself judged correct but slow and (b) the answer
     with one of its own lines dropped, rejected; as (prompt, first answer, feedback text, answer),
     the feedback worded by `opsynth.train.feedback.format_feedback` as the environment words it.
     Without them the smoke policy, taught first turns only, fills every second turn with text that
-    holds no program, and GRPO trains on that text with the episode's advantage."""
+    holds no program, and GRPO trains on that text with the episode's advantage. `timings` slow
+    verdicts a program, each with other numbers: with 2 the policy learned the numbers and wrote the
+    program again after fresh ones 1-4 times in 16; with 6, 12 in 16, for the same warm-start time."""
     import random
     from types import SimpleNamespace
 
@@ -926,10 +928,10 @@ def revision_examples(examples: list[tuple[str, str]], seed: int = 0) -> list[tu
     rng = random.Random(seed)
     out = []
     for prompt, ans in examples:
-        for _ in range(2):  # timings vary from run to run: the policy must answer whatever numbers it reads
-            eager = round(10 ** rng.uniform(-1, 1.5), rng.choice((2, 3)))
+        for _ in range(timings):  # timings vary from run to run: the policy must answer whatever numbers it reads
+            eager = float(f"{10 ** rng.uniform(-2, 1.7):.4g}")  # as the reward reports them: 4 significant digits
             slow = SimpleNamespace(reason="ok", reward=1, correct=True, log="", details={},
-                                   times={"candidate_ms": round(eager * 10 ** rng.uniform(0, 1.2), 3), "eager_ms": eager})
+                                   times={"candidate_ms": float(f"{eager * 10 ** rng.uniform(0, 1.2):.4g}"), "eager_ms": eager})
             out.append((prompt, ans, format_feedback(slow, 1), ans))
         shared = next((len(program_prefix(d)) for d in HEADER if ans.startswith(program_prefix(d))), len("```python\n"))
         lines = ans.splitlines(keepends=True)

@@ -108,6 +108,9 @@ def test_smoke_policy_judges_programs_trains_and_resumes_from_the_readme_command
     assert len(reached) > len(evals) / 2, [e["reason"] for e in evals]
     assert any(e["reward"] >= 1 for e in evals), [e["reason"] for e in evals]
     assert not any(e["reason"].startswith("reward_env_error") for e in evals), evals[0]
+    # Second turns hold programs too: the warm start's revisions generalise to feedback with timings
+    # it never read (with 2 timings a program, not 6, every second turn here was a syntax error).
+    assert any(e["turn"] == 2 and e["reward"] >= 1 for e in evals), [(e["turn"], e["reason"]) for e in evals]
     # ... and GRPO changed the weights it was warm-started with.
     # GRPO's advantage is an episode's reward (its last turn's, episode_reward=last) less its group's
     # mean, and a group is one prompt's generations: one step here (batch 4 = num_generations 4).
