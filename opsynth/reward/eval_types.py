@@ -53,6 +53,10 @@ class RewardConfig:
     repeats: int | None = None  # None: 30 on cuda, 10 on cpu
     flush_l2: bool = True  # cuda only: overwrite a 256 MiB buffer between timed calls
     compile_baseline: bool = True  # also time torch.compile(Model) for reward 3
+    compile_prestart: bool | None = None  # start each task's torch.compile child with its eager child (it compiles
+    # beside the builds, stopped in every quiet window) instead of when a candidate first beats eager (None: on cuda
+    # when the batch holds at most baselines.COMPILE_POOL tasks: a user's evaluation, a cold first; a big GRPO batch
+    # would compile every task, most for nothing, and the pool would evict its own children)
     cpu_threads: int | None = None  # torch.set_num_threads in both children (None: torch's default on
     # cpu; 2 on cuda, where forward runs on the GPU and a dozen children share the cores with compilers)
     static_check: bool = True  # quick AST/source pre-check before anything runs
@@ -119,6 +123,16 @@ class RewardConfig:
             raise ValueError(f"reward.timing_block must be >= 1, got {self.timing_block}")
         if self.baseline_drift < 1.0:
             raise ValueError(f"reward.baseline_drift must be >= 1, got {self.baseline_drift}")
+
+    def resolved_compile_prestart(self, device: str, tasks: int) -> bool:
+        """Whether a batch of `tasks` tasks starts their compile children with their eager children."""
+        if not self.compile_baseline or self.baselines == "cached":
+            return False
+        if self.compile_prestart is not None:
+            return bool(self.compile_prestart)
+        from opsynth.reward.baselines import COMPILE_POOL
+
+        return device == "cuda" and tasks <= COMPILE_POOL
 
     def resolved_device_index(self) -> int:
         if self.device_index is not None:

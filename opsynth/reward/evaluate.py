@@ -530,6 +530,8 @@ def _reference_task(batch: _Batch, task):
         from opsynth.reward.baselines import TaskBaselines
 
         ref.baselines = TaskBaselines(task[0], task[1], ref.job, batch.cfg, batch.device)  # starts its eager child now
+        if batch.cfg.resolved_compile_prestart(batch.device, len({_task_of(batch.pairs[i]) for i in batch.specs})):
+            ref.baselines.prestart_compile()
     batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (cached eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
     return ref
 
