@@ -475,8 +475,13 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
         if cstate is not None and "l2_reset" not in off:
             cstate.reset_persisting_l2()
 
+    hooks_changed = ctx.snapshot.hooks_changed
+
     def check_call(j, outs):
         where = f"timed call {j}"
+        hooked = hooks_changed() if "harness_snapshot" not in off else None
+        if hooked:
+            raise Reject(hooked.split(":")[0], f"{hooked} ({where}: set up after the harness started)")
         check_outputs(ctx, outs, where)
         device_state(ctx, where)
 

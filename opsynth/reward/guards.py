@@ -298,6 +298,7 @@ class HarnessSnapshot:
         self.entries: dict[str, tuple[object, str, object]] = {}
         self.code: dict[str, tuple[object, tuple]] = {}
         self.native: dict[str, tuple[object, tuple]] = {}
+        self.hooks = _hook_state()
         self.watched: dict[str, tuple[object, dict]] = {}
         for owner_path, names in TIMER_NAMES.items():
             try:
@@ -342,12 +343,28 @@ class HarnessSnapshot:
         """Also check an instance's attributes (a Timer's bound synchronise and event type)."""
         self.watched[label] = (obj, dict(vars(obj)))
 
+    def hooks_changed(self) -> str | None:
+        """'harness_patched:<hook>' when a way to run code in the harness's own time was set up (cheap:
+        checked after every timed call), or None. A gc callback with the collection threshold at 1
+        runs at nearly every allocation the harness makes: between writing a call's inputs and the
+        clock it computed that call's outputs, and the timed call only copied them out
+        (tests/reward/candidates/cpu/precompute.py, registered from C++)."""
+        now = _hook_state()
+        for name, (before, after) in zip(("gc.callbacks", "gc.set_threshold", "gc.enable/disable", "signal.setitimer"),
+                                         zip(self.hooks, now)):
+            if before != after:
+                return f"harness_patched:{name}"
+        return None
+
     def changed(self) -> str | None:
         """'timer_patched:<name>' / 'harness_patched:<name>', or None when nothing was touched."""
         import sys
 
         if sys.gettrace() is not None or sys.getprofile() is not None:
             return "timer_patched:sys.settrace"
+        hooked = self.hooks_changed()
+        if hooked:
+            return hooked
         for label, (fn, state, kind) in self.code.items():
             if _code_state(fn) != state:
                 return f"{'timer' if kind == 'timer' else 'harness'}_patched:{label}.__code__"
@@ -366,6 +383,16 @@ class HarnessSnapshot:
             if now is not orig and not (isinstance(owner, type) and now == orig):
                 return f"{'timer' if kind == 'timer' else 'harness'}_patched:{label}"
         return None
+
+
+def _hook_state() -> tuple:
+    """What lets code run at times the harness does not call it: gc's callbacks (by identity), its
+    thresholds and switch, and the interval timers that deliver signals."""
+    import gc
+    import signal
+
+    timers = tuple(signal.getitimer(w) for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF))
+    return tuple(id(c) for c in gc.callbacks), gc.get_threshold(), gc.isenabled(), tuple(t != (0.0, 0.0) for t in timers)
 
 
 def new_python_threads(baseline: set[int]) -> list[str]:

@@ -45,6 +45,16 @@ WALL_FACTOR = 3.0
 WALL_SLACK_MS = 8.0  # over the whole round (inputs made, outputs fingerprinted: the most exposed to load)
 WALL_CLAIM_FACTOR = 2.0  # over the whole round, also up to twice the claim
 CALL_SLACK_MS = 2.0  # around the call alone (the parent thread waking up under load)
+# The two stretches of a round outside the call, each against the reference's same stretch (the
+# same harness code on the same inputs): from sending the seed to `ready` (the inputs made) and from
+# `returned` to the report (the outputs checked and fingerprinted). Work hidden in either is what a
+# hook that runs in the harness's own time does (a gc callback, an audit hook, a signal handler, a
+# native thread holding the GIL): it computes the next call's outputs once its inputs are written,
+# or fills a returned output before it is fingerprinted. The round's window allows 8 ms and twice
+# the claim for load; these allow GAP_FACTOR times the reference's median plus GAP_SLACK_MS, in the
+# least of the rounds that set the median (one round undisturbed by load clears an honest child).
+GAP_FACTOR = 2.0
+GAP_SLACK_MS = 1.0
 
 
 def remeasure_rounds(repeats: int) -> int:
@@ -122,6 +132,9 @@ class RoundSession:
     ready: dict = field(default_factory=dict)  # round -> parent clock when its inputs were ready
     claims: dict = field(default_factory=dict)  # round -> claimed ms
     call_wall: dict = field(default_factory=dict)  # round -> parent ms from ready to returned
+    returned: dict = field(default_factory=dict)  # round -> parent clock when the call came back
+    before: dict = field(default_factory=dict)  # round -> parent ms from sending the seed to ready (inputs made)
+    after: dict = field(default_factory=dict)  # round -> parent ms from returned to the report (less own_ms)
     wall: dict = field(default_factory=dict)  # round -> parent ms from seed request to report
     fps: dict = field(default_factory=dict)  # round -> fingerprints
     keys: dict = field(default_factory=dict)  # round -> hash of the inputs after the call (timed_inputs.input_key)
@@ -170,6 +183,7 @@ class RoundSession:
                     return {"ok": True, "seed": self.plan.seeds[j]}
                 if kind == "round_ready":
                     self.ready[j] = now
+                    self.before[j] = (now - self.started[j]) * 1e3
                     self.step = "round_returned"
                     return {"ok": True}
                 if kind == "round_returned":
@@ -178,6 +192,7 @@ class RoundSession:
                         return self._fail(f"round {j}: malformed time {ms!r}")
                     self.claims[j] = float(ms)
                     self.call_wall[j] = (now - self.ready[j]) * 1e3
+                    self.returned[j] = now
                     self.step = "round_done"
                     return {"ok": True}
                 fp = req.get("fp")
@@ -187,6 +202,7 @@ class RoundSession:
                 if not isinstance(own, (int, float)) or not 0 <= own:
                     return self._fail(f"round {j}: malformed own time {own!r}")
                 self.wall[j] = (now - self.started[j]) * 1e3 - own
+                self.after[j] = (now - self.returned[j]) * 1e3 - own
                 self.fps[j] = fp
                 self.keys[j] = req.get("key")
                 self.next_round = nxt = j + 1
@@ -354,6 +370,33 @@ def lower_half_min_excess(claims: dict, walls: dict, rounds) -> float:
     return min(walls[j] - claims[j] for j in rounds if claims[j] <= m)
 
 
+def lower_half_min_gap(claims: dict, gaps: dict, rounds) -> float:
+    """The least of `gaps` among `rounds` that claimed no more than their median: the rounds a
+    hidden computation must be in to lower the median (as `lower_half_min_excess`)."""
+    rounds = [j for j in rounds if j in gaps and j in claims]
+    if not rounds:
+        return 0.0
+    m = statistics.median(claims[j] for j in rounds)
+    return min(gaps[j] for j in rounds if claims[j] <= m)
+
+
+def gaps_plausible(session: RoundSession, reference: RoundSession, timed) -> tuple[bool, str]:
+    """The stretches of each round outside the call (`before`, `after`) against the reference's:
+    see GAP_FACTOR."""
+    for label, cand, ref in (("before the call (from the seed to the inputs made)", session.before, reference.before),
+                             ("after the call (from its return to the report)", session.after, reference.after)):
+        if not ref:
+            continue
+        c = lower_half_min_gap(session.claims, cand, timed)
+        r = max(statistics.median(ref.values()), 0.0)
+        allowed = GAP_FACTOR * r + GAP_SLACK_MS
+        if c > allowed:
+            return False, (f"{label}, the parent's clock saw at least {c:.2f} ms in every timed call that claimed "
+                           f"no more than the median, where the reference's harness takes {r:.2f} ms (allowed "
+                           f"{allowed:.2f} ms): work done outside the timed call, in the harness's own time")
+    return True, ""
+
+
 def plausible(session: RoundSession, reference: RoundSession) -> tuple[bool, str]:
     """The parent's wall clock against the claimed times, in two windows: around the call alone
     (from `ready` to `returned`: the call, the flush and the channel; tight) and around the whole
@@ -373,7 +416,7 @@ def plausible(session: RoundSession, reference: RoundSession) -> tuple[bool, str
             return False, (f"{label}, the parent's clock saw at least {c:.2f} ms beyond the claim in every timed call "
                            f"that claimed no more than the median {claimed:.4f} ms (the reference's harness overhead "
                            f"there is {r:.2f} ms; allowed {allowed:.2f} ms): the child's clock is not the real one")
-    return True, ""
+    return gaps_plausible(session, reference, timed)
 
 
 # ---- child side -----------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ HACKS = {
     "native_clock": ("timer_patched", -1),  # C++ static initialiser: rewrites time.perf_counter's C function
     "got_clock": ("implausible_timing", -1),  # C++ static initialiser: clock_gettime GOT slots skip forward
     "median_patch": ("timer_patched", -1),  # statistics.median replaced
+    "precompute": ("harness_patched", -1),  # C++ from forward: a gc callback at threshold 1 computes each call's
+    # outputs once the harness has written its inputs, off the clock; the timed call copies them out
 }
 
 # (guards off, candidate, reason prefix, reward): what each guard stops, shown by switching it off
@@ -62,6 +64,8 @@ CONTROLS = [
     (("harness_snapshot",), "native_clock", "implausible_timing", -1),  # the parent's clock alone
     (("harness_snapshot",), "median_patch", "ok", 1),  # the parent takes the median itself: it buys nothing
     (("wall_clock", "physical_floor"), "got_clock", "ok", 2),
+    (("harness_snapshot",), "precompute", "implausible_timing", -1),  # the parent's clock before the call alone
+    (("harness_snapshot", "wall_clock"), "precompute", "ok", 2),  # a 40x kernel scores as a fused one
 ]
 
 
