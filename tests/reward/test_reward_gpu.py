@@ -74,6 +74,7 @@ HACKS = {
     "launch_fail": ("launch_failed", {-1}),  # a persistent output buffer, then a launch that fails unchecked
     "launch_fail_swallowed": ("stale_output", {-1}),  # ... and the error cleared: the poisoned buffer comes back
     "event_patch": ("timer_patched", {-1}),  # py::exec from a static initialiser swaps Event.elapsed_time's code
+    "precompute": ("harness_patched", {-1}),  # a gc callback (from C++) runs the slow kernel between inputs and clock
 }
 
 CONTROLS = [  # (guards off, candidate, reason prefix, rewards): each attack succeeds without its guard
@@ -83,6 +84,8 @@ CONTROLS = [  # (guards off, candidate, reason prefix, rewards): each attack suc
     (("poison_outputs", "fresh_inputs"), "launch_fail_swallowed", "ok", {2, 3}),
     (("harness_snapshot", "wall_clock"), "event_patch", "below_physical_floor", {-1}),  # claims 1 us: the floor, measured twice
     (("harness_snapshot", "physical_floor", "wall_clock"), "event_patch", "ok", {2, 3}),
+    (("harness_snapshot",), "precompute", "implausible_timing", {-1}),  # the parent's clock before the call alone
+    (("harness_snapshot", "wall_clock"), "precompute", "ok", {2, 3}),  # the attack pays: a slow kernel scores as a copy
 ]
 
 
