@@ -133,6 +133,10 @@ class Timer:
         self.torch = torch
         self.cuda = device == "cuda"
         self.flush = None
+        # ms of the last call's settling (the flush and the sync before the start event), where device
+        # work queued before the call finishes untimed; a list, so the instance's attributes keep their
+        # identity (the reward's harness snapshot watches them)
+        self.settled = [0.0]
         if self.cuda:
             self.sync = torch.cuda.synchronize
             self.event = torch.cuda.Event
@@ -142,11 +146,13 @@ class Timer:
     def time_call(self, fn, args) -> tuple[float, object]:
         """Milliseconds for one call of fn(*args), and its result."""
         if self.cuda:
+            ts = _perf_counter()
             if self.flush is not None:
                 self.flush.zero_()
             self.sync()
             start, end = self.event(enable_timing=True), self.event(enable_timing=True)
             t0 = _perf_counter()
+            self.settled[0] = (t0 - ts) * 1e3
             start.record()
             out = fn(*args)
             end.record()

@@ -168,6 +168,32 @@ def test_wall_clock_check_sees_a_clock_that_hides_the_forward():
     assert plausible(_clocked(30.0, 33.0, 45.0), ref)[0]  # honest and slow on a loaded machine
 
 
+def _gapped(claim, before, after, settle, n=13):
+    s = _clocked(claim, claim + 0.2, claim + before + after + 0.2, n=n)
+    for j in range(n):
+        s.before[j], s.after[j], s.settle[j] = before, after, settle
+    return s
+
+
+def test_work_in_the_harnesss_own_time_is_held_to_the_references_stretches():
+    """Outputs computed between the inputs being written and the clock (a hook), filled after the
+    return before the fingerprint, or device work left queued for the timer's settling: each
+    stretch against the reference's, in the rounds that set the median."""
+    ref = _gapped(1.0, 0.3, 0.4, 0.1)
+    assert plausible(_gapped(0.3, 0.4, 0.5, 0.12), ref)[0]  # honest and fast
+    ok, why = plausible(_gapped(0.3, 6.0, 0.5, 0.12), ref)  # 6 ms of work before the call: the round allows it
+    assert not ok and "before the call" in why and "outside the timed call" in why
+    ok, why = plausible(_gapped(0.3, 0.4, 6.0, 0.12), ref)
+    assert not ok and "after the call" in why
+    ok, why = plausible(_gapped(0.3, 0.4, 0.5, 1.5), ref)  # 1.4 ms of device work finished in the settling
+    assert not ok and "settling" in why
+    # Load from outside in some rounds only is no hidden work: one undisturbed round clears it.
+    loaded = _gapped(0.3, 0.4, 0.5, 0.12)
+    for j in range(0, 13, 2):
+        loaded.before[j], loaded.after[j], loaded.settle[j] = 9.0, 9.0, 3.0
+    assert plausible(loaded, ref)[0]
+
+
 # ---- the harness snapshot -----------------------------------------------------------------------------
 
 def test_snapshot_sees_code_swapped_under_an_unchanged_function():
@@ -205,8 +231,39 @@ def test_snapshot_sees_a_rewritten_builtin_timer_and_a_patched_timer_instance():
     assert snap.changed() is None
     timer = timing.Timer("cpu")
     snap.watch("timer", timer)
+    timer.settled[0] = 0.5  # what each call does: the attribute keeps its identity
+    assert snap.changed() is None
     timer.cuda = True
     assert snap.changed() == "timer_patched:timer"
+
+
+def test_snapshot_sees_hooks_that_run_code_in_the_harnesss_own_time():
+    import gc
+    import signal
+
+    snap = guards.HarnessSnapshot()
+    assert snap.hooks_changed() is None and snap.changed() is None
+
+    def cb(phase, info):
+        pass
+
+    gc.callbacks.append(cb)
+    try:
+        assert snap.hooks_changed() == "harness_patched:gc.callbacks" == snap.changed()
+    finally:
+        gc.callbacks.remove(cb)
+    old = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        assert snap.hooks_changed() == "harness_patched:gc.set_threshold"
+    finally:
+        gc.set_threshold(*old)
+    signal.setitimer(signal.ITIMER_PROF, 10.0)
+    try:
+        assert snap.hooks_changed() == "harness_patched:signal.setitimer"
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+    assert snap.hooks_changed() is None
 
 
 # ---- the physical floor --------------------------------------------------------------------------------
