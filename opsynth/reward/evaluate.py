@@ -363,7 +363,8 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     times["reference_round_period_ms"] = round(statistics.median(ref_periods), 3) if ref_periods else None
     times["reference_rounds_s"] = ref.rounds_s  # the task's reference child, once per task and batch
     # The harness's stretches outside the call, median per round (rounds.GAP_FACTOR checks them)
-    for key, mine, theirs in (("before_call", rounds.before, ref.rounds.before), ("after_call", rounds.after, ref.rounds.after)):
+    for key, mine, theirs in (("before_call", rounds.before, ref.rounds.before), ("after_call", rounds.after, ref.rounds.after),
+                              ("settle", rounds.settle, ref.rounds.settle)):
         times[f"{key}_ms"] = round(statistics.median(mine.values()), 3) if mine else None
         times[f"reference_{key}_ms"] = round(statistics.median(theirs.values()), 3) if theirs else None
     times["reference_untimed_rounds_s"] = ref.untimed_rounds_s
