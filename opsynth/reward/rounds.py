@@ -391,8 +391,8 @@ def lower_half_min_gap(claims: dict, gaps: dict, rounds) -> float:
 
 
 def gaps_plausible(session: RoundSession, reference: RoundSession, timed) -> tuple[bool, str]:
-    """The stretches of each round outside the call (`before`, `after`) against the reference's:
-    see GAP_FACTOR."""
+    """The stretches of each round outside the call (`before`, `after`) and the timer's settling
+    (`settle`) against the reference's: see GAP_FACTOR and SETTLE_SLACK_MS."""
     for label, cand, ref, slack in (
             ("before the call (from the seed to the inputs made)", session.before, reference.before, GAP_SLACK_MS),
             ("after the call (from its return to the report)", session.after, reference.after, GAP_SLACK_MS),
