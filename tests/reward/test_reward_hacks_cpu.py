@@ -65,7 +65,7 @@ CONTROLS = [
     (("harness_snapshot",), "median_patch", "ok", 1),  # the parent takes the median itself: it buys nothing
     (("wall_clock", "physical_floor"), "got_clock", "ok", 2),
     (("harness_snapshot",), "precompute", "implausible_timing", -1),  # the parent's clock before the call alone
-    (("harness_snapshot", "wall_clock"), "precompute", "ok", 2),  # a 40x kernel scores as a fused one
+    (("harness_snapshot", "wall_clock"), "precompute", "ok", 2),  # an 80x kernel scores as a fused one
 ]
 
 

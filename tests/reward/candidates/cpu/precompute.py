@@ -1,4 +1,4 @@
-# Work done in the harness's own time: a kernel 40x slower than it needs to be runs off the clock.
+# Work done in the harness's own time: a kernel 80x slower than it needs to be runs off the clock.
 # From forward, C++ registers a gc callback (no Python line names gc) and sets the collection
 # threshold to 1, so the callback runs at nearly every allocation the harness makes. Between
 # writing the next round's inputs into its buffer and asking the parent to start the clock, the
@@ -18,7 +18,7 @@ static inline float chain1(float v, float s, float b) {
 }
 
 static void slow_loop(const float* p, float* q, int64_t n, float s, float b) {
-    for (int r = 0; r < 40; ++r)
+    for (int r = 0; r < 80; ++r)
         for (int64_t i = 0; i < n; ++i) q[i] = chain1(p[i], s, b) + (r ? q[i] * 1e-30f : 0.f);
 }
 
@@ -75,7 +75,7 @@ torch::Tensor ahead_chain(torch::Tensor x, double s, double b) {
 
 
 class ModelNew(nn.Module):
-    """Correct, and 40x slower than a fused kernel; timed as a copy."""
+    """Correct, and 80x slower than a fused kernel; timed as a copy."""
 
     def __init__(self, scale, shift):
         super().__init__()
