@@ -268,10 +268,11 @@ def _record_peaks(future, stats) -> None:
         stats.thresholds = {**stats.thresholds, "task_mem_budget_mb": got["task_mem_budget_mb"]}
     m, r = got["measured"], got["reference"]
     # A CPU probe shares the cores with the run's own work (catalog mining on a cold first run, the
-    # other workers' checks and compiles), which only ever slows it: seen 0.05 against 0.18 TFLOP/s on a
-    # 2-core machine whose quiet reading is the reference. Slower counts as far only past 6x there.
-    slow = 1 / 6 if got["kind"] == "cpu" else 1 / 3
-    far = {k: m[k] / r[k] for k in ("tflops", "gbps") if r.get(k) and m.get(k) and not slow <= m[k] / r[k] <= 3}
+    # other workers' checks and compiles), which slows it: seen 0.05 against 0.18 TFLOP/s on a 2-core
+    # machine whose quiet reading is the reference. Its 64 MB copy also read 42 against 14 GB/s there
+    # (another minute's memory traffic of the VM's host). Far counts only past 6x either way there.
+    band = 6.0 if got["kind"] == "cpu" else 3.0
+    far = {k: m[k] / r[k] for k in ("tflops", "gbps") if r.get(k) and m.get(k) and not 1 / band <= m[k] / r[k] <= band}
     if far:
         prefix = "" if got["kind"] == "cuda" else "cpu_"
         fix = " ".join(f"verify.{prefix}cost_{k}={m[k]:.3g}" for k in ("tflops", "gbps"))

@@ -164,6 +164,16 @@ _pool: "OrderedDict[tuple, BaselineServer]" = OrderedDict()
 _pool_lock = threading.Lock()
 
 
+def prestarts_compile(cfg, device: str, tasks: int) -> bool:
+    """Whether a batch of `tasks` tasks starts their compile children with their eager children
+    (`RewardConfig.compile_prestart`; None: on cuda when they all fit in the pool)."""
+    if not cfg.compile_baseline or cfg.baselines == "cached":
+        return False
+    if cfg.compile_prestart is not None:
+        return bool(cfg.compile_prestart)
+    return device == "cuda" and tasks <= COMPILE_POOL
+
+
 def compile_server(task_code: str, mode: str | None, ref_job: dict, cfg, device: str) -> BaselineServer:
     """The task's compile child, kept across batches: torch.compile costs seconds to a minute per
     task, and a task comes back in the next batch (a multi-turn episode, a benchmark, GRPO steps on

@@ -56,7 +56,7 @@ class RewardConfig:
     compile_prestart: bool | None = None  # start each task's torch.compile child with its eager child (it compiles
     # beside the builds, stopped in every quiet window) instead of when a candidate first beats eager (None: on cuda
     # when the batch holds at most baselines.COMPILE_POOL tasks: a user's evaluation, a cold first; a big GRPO batch
-    # would compile every task, most for nothing, and the pool would evict its own children)
+    # would compile every task, most for nothing, and the pool would evict its own children; baselines.prestarts_compile)
     cpu_threads: int | None = None  # torch.set_num_threads in both children (None: torch's default on
     # cpu; 2 on cuda, where forward runs on the GPU and a dozen children share the cores with compilers)
     static_check: bool = True  # quick AST/source pre-check before anything runs
@@ -123,16 +123,6 @@ class RewardConfig:
             raise ValueError(f"reward.timing_block must be >= 1, got {self.timing_block}")
         if self.baseline_drift < 1.0:
             raise ValueError(f"reward.baseline_drift must be >= 1, got {self.baseline_drift}")
-
-    def resolved_compile_prestart(self, device: str, tasks: int) -> bool:
-        """Whether a batch of `tasks` tasks starts their compile children with their eager children."""
-        if not self.compile_baseline or self.baselines == "cached":
-            return False
-        if self.compile_prestart is not None:
-            return bool(self.compile_prestart)
-        from opsynth.reward.baselines import COMPILE_POOL
-
-        return device == "cuda" and tasks <= COMPILE_POOL
 
     def resolved_device_index(self) -> int:
         if self.device_index is not None:

@@ -532,10 +532,10 @@ def _reference_task(batch: _Batch, task):
     batch.say("[reward] reference: Model outputs and the timed rounds' fingerprints; an eager baseline child")
     ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1])
     if ref.ok:
-        from opsynth.reward.baselines import TaskBaselines
+        from opsynth.reward.baselines import TaskBaselines, prestarts_compile
 
         ref.baselines = TaskBaselines(task[0], task[1], ref.job, batch.cfg, batch.device)  # starts its eager child now
-        if batch.cfg.resolved_compile_prestart(batch.device, len({_task_of(batch.pairs[i]) for i in batch.specs})):
+        if prestarts_compile(batch.cfg, batch.device, len({_task_of(batch.pairs[i]) for i in batch.specs})):
             ref.baselines.prestart_compile()
     batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (cached eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
     return ref

@@ -1,6 +1,6 @@
 """The run's warning that sizes aim at another device's speed (generate.driver._record_peaks): a CPU
-probe shares its cores with the run's own work, which only slows it, so a slow CPU reading warns
-only past 6x; a GPU reading, and a CPU faster than the reference, past 3x."""
+probe shares its cores with the run's own work and its host's memory traffic, so a CPU reading warns
+only past 6x either way; a GPU reading past 3x."""
 
 import logging
 from types import SimpleNamespace
@@ -32,9 +32,10 @@ def _warned(kind: str, ratio: float, caplog) -> bool:
 @pytest.mark.parametrize("kind,ratio,warns", [
     ("cpu", 1 / 3.6, False),  # seen on a cold first run of a 2-core machine (catalog mining beside the probe)
     ("cpu", 1 / 7, True),
-    ("cpu", 4.0, True),
+    ("cpu", 3.02, False),  # the 64 MB copy on a 2-core CI-like machine: 42 against 14 GB/s
+    ("cpu", 8.0, True),  # a 16-core workstation against the 2-core reference
     ("cuda", 1 / 3.6, True),
     ("cuda", 1 / 2, False),
 ])
-def test_a_slow_cpu_probe_warns_only_far_off(kind, ratio, warns, caplog):
+def test_a_cpu_probe_warns_only_far_off(kind, ratio, warns, caplog):
     assert _warned(kind, ratio, caplog) is warns

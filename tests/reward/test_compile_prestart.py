@@ -17,13 +17,13 @@ WRONG = (CANDS / "cpu" / "ext_prelude.py").read_text() + "\n" + (CANDS / "cpu" /
 
 
 def test_auto_prestarts_on_cuda_for_a_few_tasks_only():
-    cfg = RewardConfig(device="cpu")
-    assert cfg.resolved_compile_prestart("cuda", 1) and cfg.resolved_compile_prestart("cuda", baselines.COMPILE_POOL)
-    assert not cfg.resolved_compile_prestart("cuda", baselines.COMPILE_POOL + 1)  # it would evict its own children
-    assert not cfg.resolved_compile_prestart("cpu", 1)  # two cores: the compile would share them with the checks
-    assert RewardConfig(compile_prestart=True).resolved_compile_prestart("cpu", 50)
-    assert not RewardConfig(compile_prestart=False).resolved_compile_prestart("cuda", 1)
-    assert not RewardConfig(compile_prestart=True, compile_baseline=False).resolved_compile_prestart("cuda", 1)
+    pre, cfg = baselines.prestarts_compile, RewardConfig(device="cpu")
+    assert pre(cfg, "cuda", 1) and pre(cfg, "cuda", baselines.COMPILE_POOL)
+    assert not pre(cfg, "cuda", baselines.COMPILE_POOL + 1)  # it would evict its own children
+    assert not pre(cfg, "cpu", 1)  # two cores: the compile would share them with the checks
+    assert pre(RewardConfig(compile_prestart=True), "cpu", 50)
+    assert not pre(RewardConfig(compile_prestart=False), "cuda", 1)
+    assert not pre(RewardConfig(compile_prestart=True, compile_baseline=False), "cuda", 1)
 
 
 def _pool_for_chain():
