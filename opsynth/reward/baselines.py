@@ -216,7 +216,7 @@ class TaskBaselines:
         """Start the compile child now (`RewardConfig.compile_prestart`): its torch.compile runs beside the
         builds and checks (stopped in every quiet window, like a build), so a candidate that beats eager
         finds it ready instead of waiting for it with the device released (7 s on the H200's cold first)."""
-        if not self.uses_cache() and self.cfg.compile_baseline:
+        if not self.uses_cache():  # whether at all is `prestarts_compile`'s
             self.server("compile")
 
     def server(self, kind: str) -> BaselineServer:

@@ -8,6 +8,7 @@ the text, and its writes to the compiler cache (ccache) are the compilers' own. 
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -43,8 +44,6 @@ def _compile(req: dict, pch_dir: str | None, build_name: str, out: str, first_in
     """Build one request in `out`; the library's path (raises what torch's build raises).
     `first_include`: a folder searched before every other (the light torch/extension.h's)."""
     import torch.utils.cpp_extension as ce
-
-    import copy
 
     os.makedirs(out, exist_ok=True)
     args = copy.deepcopy(req.get("args") or {})  # load_inline appends to a cpp_sources list it is given

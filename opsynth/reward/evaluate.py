@@ -35,6 +35,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from opsynth.render.task_file import check_mode, task_kind, tolerance
@@ -362,12 +363,12 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     times["round_period_ms"] = round(statistics.median(periods), 3) if periods else None
     times["reference_round_period_ms"] = round(statistics.median(ref_periods), 3) if ref_periods else None
     times["reference_rounds_s"] = ref.rounds_s  # the task's reference child, once per task and batch
+    times["reference_untimed_rounds_s"] = ref.untimed_rounds_s
     # The harness's stretches outside the call, median per round (rounds.GAP_FACTOR checks them)
     for key, mine, theirs in (("before_call", rounds.before, ref.rounds.before), ("after_call", rounds.after, ref.rounds.after),
                               ("settle", rounds.settle, ref.rounds.settle)):
         times[f"{key}_ms"] = round(statistics.median(mine.values()), 3) if mine else None
         times[f"reference_{key}_ms"] = round(statistics.median(theirs.values()), 3) if theirs else None
-    times["reference_untimed_rounds_s"] = ref.untimed_rounds_s
     details["rounds"] = {**rounds.passes(), "reference": ref.rounds.next_round}
     if fresh:
         verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys, ref.facts)
@@ -481,6 +482,11 @@ class _Batch:
     by_digest: dict = field(default_factory=dict)  # candidate digest -> indices: identical ones build once
     ref_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its _Reference
 
+    @cached_property
+    def task_count(self) -> int:
+        """Distinct tasks among the candidates past the precheck (asked once `specs` is filled)."""
+        return len({_task_of(self.pairs[i]) for i in self.specs})
+
     def report(self, i, res):
         """Hand a result to on_result; progress reporting must never lose a batch."""
         if self.on_result is not None:
@@ -535,7 +541,7 @@ def _reference_task(batch: _Batch, task):
         from opsynth.reward.baselines import TaskBaselines, prestarts_compile
 
         ref.baselines = TaskBaselines(task[0], task[1], ref.job, batch.cfg, batch.device)  # starts its eager child now
-        if prestarts_compile(batch.cfg, batch.device, len({_task_of(batch.pairs[i]) for i in batch.specs})):
+        if prestarts_compile(batch.cfg, batch.device, batch.task_count):
             ref.baselines.prestart_compile()
     batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (cached eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
     return ref
