@@ -261,7 +261,39 @@ def train(
         completion_to_candidate=completion_to_candidate, evaluate_many_fn=evaluate_many_fn,
         feedback_fn=feedback_fn, callbacks=callbacks)
     result = trainer.train(resume_from_checkpoint=run.checkpoint)
-    return _finish(settings, trainer, tokenizer, result, run, reward_fn, card, episode, tasks=len(rows))
+    summary = _finish(settings, trainer, tokenizer, result, run, reward_fn, card, episode, tasks=len(rows))
+    _end_distributed(trainer)
+    return summary
+
+
+def _end_distributed(trainer) -> None:
+    """Under `accelerate launch`: every rank waits here until rank 0 has written final/ and the
+    summary (no rank returns, or exits, while another still talks to it), and the process group is
+    destroyed at exit, while the interpreter is still whole. A gloo group left to interpreter
+    shutdown can abort the process (SIGABRT, "terminate called without an active exception": its
+    worker threads outlive Python). Destroyed at exit rather than here, so a caller may still use the
+    group after `train` returns (a second run, its own collectives)."""
+    import atexit
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    trainer.accelerator.wait_for_everyone()
+    global _DESTROY_AT_EXIT
+    if not _DESTROY_AT_EXIT:
+        _DESTROY_AT_EXIT = True
+        atexit.register(_destroy_process_group)
+
+
+_DESTROY_AT_EXIT = False  # the exit handler is registered once per process
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a caller may have destroyed it already
+        dist.destroy_process_group()
 
 
 def _load_policy(settings: TrainSettings, rows: list[dict[str, Any]], brief: str):
