@@ -125,24 +125,30 @@ def test_gpu_hack(hack_results, name):
 
 def test_gpu_timed_calls_are_fresh_and_checked(hack_results):
     r = hack_results["fast"]
-    assert r.details["timed_input_sets"] == 40 and r.details["timed_outputs_checked"] == 40, r.details
+    # 40 rounds at least (more where the decision's interval needs them), each on its own inputs, each checked
+    assert r.details["timed_input_sets"] == r.details["timed_outputs_checked"] >= 40, r.details
     assert 0 < r.times["floor_ms"] < r.times["candidate_ms"], r.times
 
 
 @pytest.fixture(scope="module")
 def gpu_control_results(tmp_path_factory):
+    """Each control evaluated when its test first asks (a fresh server per configuration, about 30 s
+    each), so `-k precompute` runs only that attack's controls."""
     cache = str(tmp_path_factory.mktemp("gpu_controls_cache"))
     out = {}
-    for off, name, _, _ in CONTROLS:
-        cfg = RewardConfig(device="cuda", cache_dir=cache, static_check=False, disabled_guards=list(off))
-        [r] = evaluate_many([(CHAIN, cuda_candidate(name))], cfg)
-        _report("without " + "+".join(off), [name], [r])
-        out[(off, name)] = r
-    return out
+
+    def result(off, name):
+        if (off, name) not in out:
+            cfg = RewardConfig(device="cuda", cache_dir=cache, static_check=False, disabled_guards=list(off))
+            [out[(off, name)]] = evaluate_many([(CHAIN, cuda_candidate(name))], cfg)
+            _report("without " + "+".join(off), [name], [out[(off, name)]])
+        return out[(off, name)]
+
+    return result
 
 
 @pytest.mark.parametrize("off,name,reason,rewards", CONTROLS, ids=[f"{n}-without-{'+'.join(o)}" for o, n, _, _ in CONTROLS])
 def test_gpu_control(gpu_control_results, off, name, reason, rewards):
-    r = gpu_control_results[(off, name)]
+    r = gpu_control_results(off, name)
     assert r.reason.startswith(reason), (r.reason, r.details.get("detail"), r.log[-4000:])
     assert r.reward in rewards, (r.times, r.log[-2000:])
