@@ -40,16 +40,33 @@ def _write_upload(src_dir: str, files: dict) -> list[str]:
     return paths
 
 
-def _compile(req: dict, pch_dir: str | None, build_name: str, out: str, first_include: str | None = None) -> str:
+def _flag_list(flags) -> list[str]:
+    return [flags] if isinstance(flags, str) else list(flags or [])
+
+
+def _compile(req: dict, pch_dir: str | None, build_name: str, out: str, first_include: str | None = None,
+             lean: bool = False) -> str:
     """Build one request in `out`; the library's path (raises what torch's build raises).
-    `first_include`: a folder searched before every other (the light torch/extension.h's)."""
+    `first_include`: a folder searched before every other (the light torch/extension.h's).
+    `lean`: the CUDA translation units get the lean torch/types.h (`light_headers.lean_types_h`),
+    written into `out` for the operators their sources name."""
     import torch.utils.cpp_extension as ce
 
     os.makedirs(out, exist_ok=True)
     args = copy.deepcopy(req.get("args") or {})  # load_inline appends to a cpp_sources list it is given
     if pch_dir:
-        cflags = args.get("extra_cflags") or []
-        args["extra_cflags"] = [f"-I{pch_dir}", *([cflags] if isinstance(cflags, str) else cflags)]
+        args["extra_cflags"] = [f"-I{pch_dir}", *_flag_list(args.get("extra_cflags"))]
+    if lean:
+        from opsynth.reward.light_headers import LEAN_MACRO, lean_types_h
+
+        files = req.get("files") or {}
+        cu = _flag_list(args.get("cuda_sources")) + [t for n, t in sorted(files.items()) if n.endswith(".cu")]
+        lean_dir = os.path.join(out, "lean_include")
+        os.makedirs(os.path.join(lean_dir, "torch"), exist_ok=True)
+        with open(os.path.join(lean_dir, "torch", "types.h"), "w") as f:
+            f.write(lean_types_h([t for t in cu if isinstance(t, str)], ce.include_paths()[0]))
+        # nvcc's flags only: -I is searched before torch's -isystem folders, wherever it stands
+        args["extra_cuda_cflags"] = [*_flag_list(args.get("extra_cuda_cflags")), f"-D{LEAN_MACRO}", f"-I{lean_dir}"]
     # Include paths are names inside the upload (build_flags checked them): this build's folder only.
     src_dir = os.path.realpath(os.path.join(out, "src"))
     os.makedirs(src_dir, exist_ok=True)
@@ -71,10 +88,19 @@ def run(job: dict) -> dict:
     t0 = time.perf_counter()
     headers, so = "as_written", None
     light_dir = job.get("light_dir")
-    if light_dir:  # opsynth.reward.light_headers: the light torch/extension.h first, as written if that fails
+    if light_dir and job.get("lean_cuda"):  # the lean torch/types.h in CUDA units first, the light header if that fails
+        try:
+            so = _compile(req, None, job["build_name"], os.path.join(job["out_dir"], "lean"), first_include=light_dir, lean=True)
+            headers = "lean_cuda"
+        except Exception as e:  # built with the light header below
+            print(f"[build] with the lean torch/types.h: {type(e).__name__}; building with the light torch/extension.h", flush=True)
+            headers = "light_after_lean_failed"
+            ce.JIT_EXTENSION_VERSIONER.entries.pop(job["build_name"], None)
+    lean_s = round(time.perf_counter() - t0, 3) if light_dir and job.get("lean_cuda") else None
+    if light_dir and so is None:  # opsynth.reward.light_headers: the light torch/extension.h first, as written if that fails
         try:
             so = _compile(req, None, job["build_name"], os.path.join(job["out_dir"], "light"), first_include=light_dir)
-            headers = "light"
+            headers = "light" if headers == "as_written" else headers
         except Exception as e:  # built as written below; the candidate hears only about its own sources
             print(f"[build] with the light torch/extension.h: {type(e).__name__}; building the sources as written", flush=True)
             headers = "as_written_after_light_failed"
@@ -89,11 +115,11 @@ def run(job: dict) -> dict:
             text = f"{type(e).__name__}: {e}"
             print(text[-8000:], flush=True)
             return {"reason": "build_error", "detail": text[-6000:], "build_s": round(time.perf_counter() - t0, 3),
-                    "headers": headers, "light_attempt_s": light_s}
+                    "headers": headers, "light_attempt_s": light_s, "lean_attempt_s": lean_s}
     if not isinstance(so, str) or not os.path.isfile(so):
         return {"reason": "build_error", "detail": f"the build produced no library ({so!r})", "headers": headers}
     return {"reason": "ok", "so": so, "build_s": round(time.perf_counter() - t0, 3), "headers": headers,
-            "light_attempt_s": light_s}
+            "light_attempt_s": light_s, "lean_attempt_s": lean_s}
 
 
 if __name__ == "__main__":

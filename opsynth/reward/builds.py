@@ -67,6 +67,8 @@ class BuildStats:
     build_s: float = 0.0
     light_headers: int = 0  # builds that compiled with the light torch/extension.h (light_headers)
     light_fallbacks: int = 0  # ... that were built again as written after the light attempt failed
+    lean_cuda: int = 0  # builds whose CUDA units compiled with the lean torch/types.h (light_headers.lean_types_h)
+    lean_fallbacks: int = 0  # ... that were built again with the light header after the lean attempt failed
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def as_dict(self) -> dict:
@@ -272,6 +274,12 @@ class BuildService:
 
         return bool(getattr(self.cfg, "light_headers", True)) and may_build_light(req)
 
+    def _lean(self, req: dict) -> bool:
+        """Whether a light build's CUDA units are first built with the lean torch/types.h (`lean_cuda_headers`)."""
+        from opsynth.reward.light_headers import may_build_lean
+
+        return bool(getattr(self.cfg, "lean_cuda_headers", True)) and may_build_lean(req)
+
     def _flags(self, req: dict) -> tuple[list[str], bool]:
         """(the C++ flags, with CUDA) that decide which PCH a request can use."""
         args = req["args"]
@@ -410,6 +418,7 @@ class BuildService:
                 "out_dir": str(scratch / "build"),
                 "pch_dir": pch_dir,
                 "light_dir": light_dir,
+                "lean_cuda": bool(light_dir) and self._lean(req),
                 "cpu_threads": 1,
                 "device": self.device,
                 "result_path": str(scratch / "build_result.json"),
@@ -436,6 +445,8 @@ class BuildService:
                                   {"request_name": req["name"], "built_s": round(wall, 3), "pch": bool(pch_dir), "headers": headers})
             with self.stats.lock:
                 self.stats.light_headers += headers == "light"
+                self.stats.lean_cuda += headers == "lean_cuda"
+                self.stats.lean_fallbacks += headers == "light_after_lean_failed" or (headers == "as_written_after_light_failed" and bool(res.data.get("lean_attempt_s")))
                 self.stats.light_fallbacks += headers == "as_written_after_light_failed"
             return {"ok": True, "dir": str(final), "name": name, "cached": False, "build_s": round(wall, 3), "headers": headers}
         finally:

@@ -64,6 +64,8 @@ class RewardConfig:
     shared_pch: bool = True  # precompile torch/extension.h once per flag set for all builds (gcc; opsynth.reward.pch)
     light_headers: bool = True  # build first with a torch/extension.h of tensor API and bindings only (not torch/all.h),
     # as written if that fails (a KernelBench-layout .cu: 102 s -> 38 s on 2 cores; opsynth.reward.light_headers)
+    lean_cuda_headers: bool = True  # with light_headers: CUDA units first get a torch/types.h of the Tensor class and
+    # the operators they name (38 s -> 14-20 s for that .cu on 2 cores), the light header if that fails
     build_timeout_s: float = 900.0
     run_timeout_s: float = 300.0
     reference_timeout_s: float = 600.0

@@ -22,6 +22,7 @@ Sources that name what only the full header declares skip the attempt (`may_buil
 
 from __future__ import annotations
 
+import os
 import re
 
 LIGHT_EXTENSION_H = """\
@@ -31,7 +32,9 @@ LIGHT_EXTENSION_H = """\
 // A build that fails with it is built again with torch's own header.
 #pragma once
 #include <torch/types.h>
+#if !(defined(__CUDACC__) && defined(OPSYNTH_LEAN_CUDA))
 #include <torch/utils.h>
+#endif
 #ifndef __CUDACC__
 #include <torch/python.h>
 #endif
@@ -60,3 +63,98 @@ def may_build_light(req: dict) -> bool:
     cpp = _texts(args.get("cpp_sources")) + [t for n, t in files.items() if not n.endswith(".cu") and isinstance(t, str)]
     cu = _texts(args.get("cuda_sources")) + [t for n, t in files.items() if n.endswith(".cu") and isinstance(t, str)]
     return not any(_FRONTEND.search(t) for t in cpp + cu) and not any(_PYTHON.search(t) for t in cu)
+
+
+# ---- the lean torch/types.h of CUDA translation units ----------------------------------------------
+#
+# A CUDA translation unit gets torch/types.h either from load_inline (which prepends it to every
+# `cuda_sources`) or through torch/extension.h (a KernelBench-layout `.cu`); with the light header
+# that is ATen/ATen.h: every operator's declaration, parsed by cudafe++, cicc and the host compiler
+# alike. A `.cu`'s wrapper uses the Tensor class, TORCH_CHECK and a few factory functions. Measured
+# with `nvcc --time` on the KernelBench-layout `.cu` of benchmarks/cli_eval_kb.py (2-core Xeon,
+# nvcc 13, sm_90): 38.5 s with torch/types.h (cudafe++ 16.9, cicc 11.1, gcc 7.1), 14.0 s with the
+# Tensor class and the one operator it names (3.5, 4.6, 4.7). So CUDA translation units are first
+# built against a torch/types.h of that cut, written per build from the operators the sources name
+# (`lean_types_h`); the host translation units keep the light header (and its PCH). A build that
+# fails with it is built with the light header, then as written (`build_runner`), so what built
+# before still builds; what it costs is the failed attempt (cudafe++ stops at the first error).
+# Tensor operators (`a + b` on tensors, ATen/TensorOperators.h, +6 s) are left out: a source that
+# uses them in a `.cu` takes the fallback.
+
+LEAN_MACRO = "OPSYNTH_LEAN_CUDA"  # defined for the CUDA translation units of a lean attempt
+
+# torch/types.h's own names in namespace torch (beyond `using namespace at`), kept verbatim.
+_TORCH_TYPES_NAMES = """\
+namespace torch {
+using namespace at;  // NOLINT
+using std::nullopt;  // NOLINT
+using std::optional;  // NOLINT
+using Dtype = at::ScalarType;
+constexpr auto kUInt8 = at::kByte;
+constexpr auto kInt8 = at::kChar;
+constexpr auto kInt16 = at::kShort;
+constexpr auto kInt32 = at::kInt;
+constexpr auto kInt64 = at::kLong;
+constexpr auto kUInt16 = at::kUInt16;
+constexpr auto kUInt32 = at::kUInt32;
+constexpr auto kUInt64 = at::kUInt64;
+constexpr auto kFloat16 = at::kHalf;
+constexpr auto kFloat32 = at::kFloat;
+constexpr auto kFloat64 = at::kDouble;
+constexpr auto kU8 = kUInt8;
+constexpr auto kU16 = kUInt16;
+constexpr auto kU32 = kUInt32;
+constexpr auto kU64 = kUInt64;
+constexpr auto kI8 = kInt8;
+constexpr auto kI16 = kInt16;
+constexpr auto kI32 = kInt32;
+constexpr auto kI64 = kInt64;
+constexpr auto kF16 = kFloat16;
+constexpr auto kF32 = kFloat32;
+constexpr auto kF64 = kFloat64;
+}  // namespace torch
+"""
+
+# Headers a source's words ask for, beyond the Tensor class (each included only where it exists).
+_EXTRA = [
+    (re.compile(r"\bAT_DISPATCH_|\bAT_PRIVATE_CASE"), "ATen/Dispatch.h"),
+    (re.compile(r"\bindexing::"), "ATen/TensorIndexing.h"),
+    (re.compile(r"\b(at|c10)::cuda::|getCurrentCUDAStream|CUDAGuard"), "ATen/cuda/CUDAContext.h"),
+    (re.compile(r"\bc10::irange\b|\birange\("), "c10/util/irange.h"),
+    (re.compile(r"\bNoGradGuard|InferenceMode|AutoGradMode"), "ATen/core/grad_mode.h"),
+]
+_QUALIFIED_CALL = re.compile(r"\b(?:torch|at)\s*::\s*([a-z_][a-z0-9_]*)\s*[(<]")
+_ANY_CALL = re.compile(r"\b([a-z_][a-z0-9_]*)\s*\(")
+_USING_NS = re.compile(r"\busing\s+namespace\s+(torch|at)\b")
+# What the lean header cannot give: autograd-aware factories (torch::ones(..., requires_grad) is
+# torch's variable factory, at::ones is not), and the full header's frontend.
+_NOT_LEAN = re.compile(r"requires_grad|\btorch::(autograd|jit|nn|optim|data)\b")
+
+
+def may_build_lean(req: dict) -> bool:
+    """Whether a light build request's CUDA translation units are worth a lean attempt: it has any,
+    and none names what the lean torch/types.h leaves out on purpose (autograd-aware factories)."""
+    files = req.get("files") or {}
+    cu = _texts((req.get("args") or {}).get("cuda_sources")) + [t for n, t in files.items() if n.endswith(".cu") and isinstance(t, str)]
+    return bool(cu) and not any(_NOT_LEAN.search(t) for t in cu)
+
+
+def lean_types_h(cuda_texts: list[str], torch_include: str) -> str:
+    """The lean torch/types.h for these CUDA sources (torch's own outside CUDA translation units):
+    the Tensor class, TORCH_CHECK, the ATen operator headers of the operators the sources call by
+    `torch::`/`at::` (every called name that is an operator, after `using namespace torch|at`), the
+    headers `_EXTRA` names, and torch/types.h's names in namespace torch."""
+    ops: set[str] = set()
+    for t in cuda_texts:
+        ops.update(_QUALIFIED_CALL.findall(t))
+        if _USING_NS.search(t):
+            ops.update(_ANY_CALL.findall(t))
+    have = lambda rel: os.path.isfile(os.path.join(torch_include, rel))  # noqa: E731
+    incs = ["ATen/core/Tensor.h", "c10/util/Exception.h", "c10/core/TensorOptions.h"]
+    incs += [rel for rx, rel in _EXTRA if any(rx.search(t) for t in cuda_texts) and have(rel)]
+    incs += [f"ATen/ops/{op}.h" for op in sorted(ops) if have(f"ATen/ops/{op}.h")]
+    body = "\n".join(f"#include <{rel}>" for rel in incs)
+    return (f"// opsynth's lean torch/types.h for CUDA translation units (opsynth.reward.light_headers.lean_types_h).\n"
+            f"// A build that fails with it is built with the light header, then as written.\n"
+            f"#pragma once\n#if defined(__CUDACC__) && defined({LEAN_MACRO})\n{body}\n#include <optional>\n"
+            f"{_TORCH_TYPES_NAMES}#else\n#include_next <torch/types.h>\n#endif\n")

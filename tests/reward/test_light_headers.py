@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from opsynth.reward import build_runner
-from opsynth.reward.light_headers import LIGHT_EXTENSION_H, may_build_light
+from opsynth.reward.light_headers import LIGHT_EXTENSION_H, lean_types_h, may_build_lean, may_build_light
 
 KB_CU = r"""
 #include <torch/extension.h>
@@ -60,14 +60,14 @@ def test_sources_that_name_what_only_the_full_header_declares_are_built_as_writt
     assert not may_build_light(_inline(**args))
 
 
-def _job(tmp_path, light_dir="/light", pch_dir="/pch") -> dict:
+def _job(tmp_path, light_dir="/light", pch_dir="/pch", lean=False) -> dict:
     return {"request": _inline(cpp_sources=DECL, cuda_sources=KB_CU, functions=["scale_relu_cuda"]), "build_name": "opsx_t",
-            "out_dir": str(tmp_path / "build"), "pch_dir": pch_dir, "light_dir": light_dir}
+            "out_dir": str(tmp_path / "build"), "pch_dir": pch_dir, "light_dir": light_dir, "lean_cuda": lean}
 
 
 def _fake_compile(outcomes: list, seen: list):
-    def compile_(req, pch_dir, build_name, out, first_include=None):
-        seen.append((first_include, pch_dir))
+    def compile_(req, pch_dir, build_name, out, first_include=None, lean=False):
+        seen.append((first_include, pch_dir) + (("lean",) if lean else ()))
         what = outcomes.pop(0)
         if isinstance(what, Exception):
             raise what
@@ -91,6 +91,41 @@ def test_a_failed_light_build_is_built_again_as_written(tmp_path, monkeypatch):
     res = build_runner.run(_job(tmp_path))
     assert res["reason"] == "ok" and res["headers"] == "as_written_after_light_failed"
     assert seen == [("/light", None), (None, "/pch")]
+
+
+@pytest.mark.parametrize("outcomes,headers,attempts", [
+    (["ok"], "lean_cuda", [("/light", None, "lean")]),
+    ([RuntimeError("FAILED: cuda.cuda.o"), "ok"], "light_after_lean_failed", [("/light", None, "lean"), ("/light", None)]),
+    ([RuntimeError("FAILED: cuda.cuda.o"), RuntimeError("FAILED: main.o"), "ok"], "as_written_after_light_failed",
+     [("/light", None, "lean"), ("/light", None), (None, "/pch")]),
+])
+def test_the_lean_cuda_header_goes_first_then_the_light_one_then_as_written(tmp_path, monkeypatch, outcomes, headers, attempts):
+    seen: list = []
+    monkeypatch.setattr(build_runner, "_compile", _fake_compile(outcomes, seen))
+    res = build_runner.run(_job(tmp_path, lean=True))
+    assert res["reason"] == "ok" and res["headers"] == headers and seen == attempts
+    assert res["lean_attempt_s"] is not None
+
+
+def test_lean_types_h_names_the_operators_the_cuda_sources_call():
+    import torch.utils.cpp_extension as ce
+
+    inc = ce.include_paths("cpu")[0]
+    text = lean_types_h([KB_CU + "\nauto z = at::zeros({3}, x.options()); AT_DISPATCH_FLOATING_TYPES(t, \"f\", [&]{});"], inc)
+    lines = text.splitlines()
+    assert "#include <ATen/ops/empty_like.h>" in lines and "#include <ATen/ops/zeros.h>" in lines
+    assert "#include <ATen/Dispatch.h>" in lines and "#include <ATen/core/Tensor.h>" in lines
+    assert "#include <ATen/ATen.h>" not in lines and "#include <ATen/ops/relu.h>" not in lines  # not called
+    assert "#include_next <torch/types.h>" in lines  # torch's own outside a lean CUDA unit
+    # after `using namespace torch`, every called name that is an operator
+    assert "#include <ATen/ops/relu.h>" in lean_types_h(["using namespace torch;\nauto y = relu(x);"], inc).splitlines()
+
+
+def test_autograd_aware_factories_skip_the_lean_attempt():
+    assert may_build_lean(_inline(cpp_sources=DECL, cuda_sources=KB_CU))
+    assert not may_build_lean(_inline(cpp_sources=DECL))  # no CUDA unit
+    assert not may_build_lean(_inline(cpp_sources=DECL, cuda_sources=KB_CU.replace(
+        "torch::empty_like(xc)", "torch::ones_like(xc, torch::TensorOptions().requires_grad(true))")))
 
 
 def test_without_a_light_folder_it_builds_as_written_once(tmp_path, monkeypatch):
@@ -173,33 +208,72 @@ def _nvcc() -> str | None:
     return cand if cand and os.path.exists(cand) else None
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.skipif(_nvcc() is None, reason="no nvcc")
-def test_nvcc_compiles_a_kernelbench_layout_cu_with_the_light_header(tmp_path):
-    """The real compiler on the candidate's text with the light folder first (compile only: linking
-    a CUDA extension needs a CUDA build of torch)."""
+def _nvcc_cmd(nvcc: str, light: str, lean_dir: str | None) -> list[str]:
     import torch.utils.cpp_extension as ce
 
-    from opsynth.reward import pch
-
-    nvcc = _nvcc()
     home = str(Path(os.path.realpath(nvcc)).parents[1])
-    light = pch.light_include_dir(tmp_path, [], True)
     dirs = [*ce.include_paths("cpu"), f"{home}/include", sysconfig.get_path("include")]
     if os.path.isdir(f"{home}/include/cccl"):
         dirs.append(f"{home}/include/cccl")
+    lean = ["-DOPSYNTH_LEAN_CUDA", f"-I{lean_dir}"] if lean_dir else []
+    return [nvcc, "-I", light, *(a for d in dirs for a in ("-isystem", d)), "-DTORCH_EXTENSION_NAME=x",
+            "-DTORCH_API_INCLUDE_EXTENSION_H", *ce.COMMON_NVCC_FLAGS, "-gencode=arch=compute_90,code=sm_90",
+            "--compiler-options", "-fPIC", "-std=c++20", *lean]
+
+
+# load_inline's form of a CUDA unit: torch/types.h prepended to the candidate's cuda_sources
+INLINE_CU = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + KB_CU.replace("#include <torch/extension.h>\n", "")
+
+
+def _lean_dir(tmp_path, text: str) -> str:
+    import torch.utils.cpp_extension as ce
+
+    d = tmp_path / "lean_include"
+    (d / "torch").mkdir(parents=True, exist_ok=True)
+    (d / "torch" / "types.h").write_text(lean_types_h([text], ce.include_paths("cpu")[0]))
+    return str(d)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(_nvcc() is None, reason="no nvcc")
+@pytest.mark.parametrize("header", ["light", "lean_kernelbench_layout", "lean_load_inline"])
+def test_nvcc_compiles_a_cuda_unit_with_the_light_and_the_lean_header(tmp_path, header):
+    """The real compiler on the candidate's text with the light folder first, and the lean torch/types.h
+    in front for the lean attempt (compile only: linking a CUDA extension needs a CUDA build of torch)."""
+    from opsynth.reward import pch
+
+    light = pch.light_include_dir(tmp_path, [], True)
+    text = INLINE_CU if header == "lean_load_inline" else KB_CU
+    lean_dir = _lean_dir(tmp_path, text) if header.startswith("lean") else None
     src = tmp_path / "k.cu"
-    src.write_text(KB_CU)
-    cmd = [nvcc, "-I", light, *(a for d in dirs for a in ("-isystem", d)), "-DTORCH_EXTENSION_NAME=x",
-           "-DTORCH_API_INCLUDE_EXTENSION_H", *ce.COMMON_NVCC_FLAGS, "-gencode=arch=compute_90,code=sm_90",
-           "--compiler-options", "-fPIC", "-std=c++20", "-M", str(src)]
-    deps = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    src.write_text(text)
+    cmd = _nvcc_cmd(_nvcc(), light, lean_dir)
+    deps = subprocess.run(cmd + ["-M", str(src)], capture_output=True, text=True, timeout=600)
     assert deps.returncode == 0, deps.stderr[-3000:]
-    assert light in deps.stdout and "torch/all.h" not in deps.stdout and "pybind11" not in deps.stdout
-    cmd[-2:] = ["-c", str(src), "-o", str(tmp_path / "k.o")]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert "torch/all.h" not in deps.stdout and "pybind11" not in deps.stdout
+    if lean_dir:  # the Tensor class and the one operator named, not every operator's declaration
+        assert str(Path(lean_dir, "torch", "types.h")) in deps.stdout and "ATen/ops/empty_like.h" in deps.stdout
+        assert "ATen/ATen.h" not in deps.stdout and "ATen/Functions.h" not in deps.stdout
+    else:
+        assert light in deps.stdout and "ATen/ATen.h" in deps.stdout
+    p = subprocess.run(cmd + ["-c", str(src), "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(_nvcc() is None, reason="no nvcc")
+def test_a_cuda_unit_with_tensor_operators_fails_lean_which_is_what_the_fallback_is_for(tmp_path):
+    from opsynth.reward import pch
+
+    light = pch.light_include_dir(tmp_path, [], True)
+    text = KB_CU.replace("return y;", "return y + xc;")  # ATen/TensorOperators.h: left out of the lean header
+    src = tmp_path / "k.cu"
+    src.write_text(text)
+    p = subprocess.run(_nvcc_cmd(_nvcc(), light, _lean_dir(tmp_path, text)) + ["-c", str(src), "-o", str(tmp_path / "k.o")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0 and "operator+" in p.stderr, p.stderr[-3000:]
 
 
 # What C++ wrappers commonly use from torch/extension.h (the bandit's CPU candidate used
