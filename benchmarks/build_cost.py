@@ -1,5 +1,6 @@
 """What one candidate build costs, by part: the C++ bindings (with and without the shared PCH) and
-the CUDA source (torch headers in it, or not). Compilers run on the CPU, so this needs no GPU: only
+the CUDA source (torch headers in it, or not; the light torch/extension.h, and the lean torch/types.h
+of the lean attempt). Compilers run on the CPU, so this needs no GPU: only
 gcc, and nvcc for the CUDA rows (CUDA_HOME, or nvcc on PATH; rows are skipped without it).
 
     python benchmarks/build_cost.py --out benchmarks/results/build_cost_cpu.json
@@ -158,9 +159,17 @@ def main() -> None:
         nvflags = ["-DTORCH_EXTENSION_NAME=bench_ext", "-DTORCH_API_INCLUDE_EXTENSION_H", *inc, *ce.COMMON_NVCC_FLAGS,
                    f"-gencode=arch=compute_{args.arch},code=compute_{args.arch}", f"-gencode=arch=compute_{args.arch},code=sm_{args.arch}",
                    "--compiler-options", "-fPIC", "-O3", "-std=c++20"]
+        # opsynth.reward.light_headers.lean_types_h: the lean attempt's torch/types.h, for this source
+        from opsynth.reward.light_headers import LEAN_MACRO, lean_types_h
+
+        lean_dir = Path(work, "lean_include")
+        (lean_dir / "torch").mkdir(parents=True, exist_ok=True)
+        (lean_dir / "torch" / "types.h").write_text(lean_types_h([HEAVY_CU], ce.include_paths("cpu")[0]))
+        lean = ["-I", light_cold, f"-D{LEAN_MACRO}", "-I", str(lean_dir)]
         for i, (label, text, first) in enumerate([("cuda.cu, torch-free (light)", LIGHT_CU, []),
                                                   ("cuda.cu, torch headers (heavy)", HEAVY_CU, []),
-                                                  ("cuda.cu, heavy, light torch/extension.h", HEAVY_CU, ["-I", light_cold])]):
+                                                  ("cuda.cu, heavy, light torch/extension.h", HEAVY_CU, ["-I", light_cold]),
+                                                  ("cuda.cu, heavy, light torch/extension.h + lean torch/types.h", HEAVY_CU, lean)]):
             src = Path(work, f"cu{i}.cu")
             src.write_text(text)
             s, err, c = _time([nvcc, *first, *nvflags, "-c", str(src), "-o", str(src.with_suffix(".o"))], args.repeats, work)

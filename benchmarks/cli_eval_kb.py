@@ -88,8 +88,10 @@ def evaluate(task: Path, cand: Path, cache: Path, light: bool, timeout: float) -
     except (IndexError, json.JSONDecodeError):
         res = {"reason": f"no result (exit {p.returncode})", "stderr": p.stderr[-2000:]}
     times = res.get("times") or {}
+    # every time the result carries (compile_wait_s, the reference's, ...) beside the table's: where the wall goes
     return {"wall_s": round(wall, 2), "reward": res.get("reward"), "reason": res.get("reason"),
-            **{k: times.get(k) for k in TIMES}}
+            **{k: times.get(k) for k in TIMES}, "times": times,
+            "builds": (res.get("details") or {}).get("builds")}
 
 
 def main() -> None:

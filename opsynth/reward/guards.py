@@ -547,7 +547,8 @@ class ExtensionTracker:
         if not reply.get("ok"):
             self.build_failed = str(reply.get("error", "build failed"))[-4000:]
             raise RuntimeError(f"Error building extension '{req.get('name')}': {self.build_failed}")
-        self.builds.append({"name": req.get("name"), "cached": bool(reply.get("cached")), "build_s": reply.get("build_s")})
+        self.builds.append({"name": req.get("name"), "cached": bool(reply.get("cached")), "build_s": reply.get("build_s"),
+                            "headers": reply.get("headers")})  # lean_cuda, light, ... (opsynth.reward.light_headers)
         return ce._import_module_from_library(reply["name"], reply["dir"], is_python_module)
 
     def install(self) -> None:
