@@ -53,6 +53,13 @@ def _compiled(model, step: tuple):
     return task_step(compiled, kind, n_inputs, names, owner=model) if kind.backward else compiled
 
 
+def _cache_hits() -> int:
+    """Inductor's FX graph cache hits in this process so far (what a seeded cache saved)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("fxgraph_cache_hit", 0))
+
+
 def run(job: dict) -> dict:
     import torch
 
@@ -66,21 +73,27 @@ def run(job: dict) -> dict:
     chan = Channel(child.BUILD_FD)
     try:
         model, fn, step, buffers, stacked = _model_and_inputs(job)
-        compile_s = None
+        compile_s = hits = None
+        seeded = 0
         with torch.no_grad():
             if job["kind"] == "compile":
                 t0 = time.perf_counter()
+                if job.get("compile_cache"):  # the task's caches of earlier batches (opsynth.reward.compile_cache)
+                    from opsynth.reward.compile_cache import seed
+
+                    seeded = seed(job["compile_cache"])
                 fn = _compiled(model, step)
                 fn(*buffers)  # compiles here, before the first block (the parent pauses this child meanwhile)
                 compile_s = round(time.perf_counter() - t0, 3)
-                print(f"[baseline] torch.compile took {compile_s:.1f} s", flush=True)
+                hits = _cache_hits()
+                print(f"[baseline] torch.compile took {compile_s:.1f} s ({seeded} cached files, FX graph cache hits {hits})", flush=True)
     except Exception:
         traceback.print_exc()
         chan.request({"kind": "baseline_failed", "error": traceback.format_exc()[-2000:]})
         return {"reason": "task_error"}
     timer = Timer(job["device"], job.get("flush_l2", True))
     rng = random.Random(int(job["seed"]))
-    order = chan.request({"kind": "baseline_ready", "compile_s": compile_s})
+    order = chan.request({"kind": "baseline_ready", "compile_s": compile_s, "cache_hits": hits})
     blocks = 0
     with torch.no_grad():
         while order.get("ok") and not order.get("stop"):

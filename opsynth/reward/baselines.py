@@ -70,6 +70,13 @@ class BaselineServer:
             "result_path": str(self.scratch / "baseline_result.json"),
         }
         self.env = device_env(cfg, device)
+        self.store = None  # opsynth.reward.compile_cache: the task's torch.compile caches of earlier batches
+        if kind == "compile" and getattr(cfg, "compile_cache", True):
+            from opsynth.reward.compile_cache import store_for
+
+            self.store = store_for(cfg.resolved_cache_dir(), task_code, device)
+            self.job["compile_cache"] = str(self.store)
+        self._harvest: threading.Thread | None = None
         self.pid: int | None = None
         self.info: dict = {}
         self.error: str | None = None
@@ -85,6 +92,11 @@ class BaselineServer:
         kind = req.get("kind") if isinstance(req, dict) else None
         if kind == "baseline_ready":
             self.info = {k: v for k, v in req.items() if k != "kind"}
+            if self.store is not None:  # what this compile wrote, kept for the next batch's (in the background)
+                from opsynth.reward.compile_cache import harvest
+
+                self._harvest = threading.Thread(target=harvest, args=(self.scratch, self.store), daemon=True, name="compile-cache")
+                self._harvest.start()
             self._ready.set()
         elif kind == "block_done":
             self._replies.put([float(x) for x in req.get("ms") or []])
@@ -105,7 +117,8 @@ class BaselineServer:
         try:
             with quiet.tracked("baseline") as on_start:
                 res = run_child("opsynth.reward.baseline_runner", self.job, self.scratch, timeout, self.cfg, warm=RUNNERS,
-                                build_handler=self._handle, env_extra=self.env, on_start=self._started(on_start))
+                                build_handler=self._handle, env_extra=self.env, on_start=self._started(on_start),
+                                readable=[str(self.store)] if self.store is not None else [])
             self.log = res.log
             if res.reason != "ok" and self.error is None:
                 self.error = f"{res.reason}: {res.log[-1500:]}"
@@ -149,6 +162,8 @@ class BaselineServer:
     def close(self) -> None:
         self._orders.put({"stop": True})
         self._thread.join(timeout=30)
+        if self._harvest is not None:  # the store gets this compile's files before its scratch goes
+            self._harvest.join(timeout=60)
         if not self.cfg.keep_scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
 

@@ -53,6 +53,8 @@ class RewardConfig:
     repeats: int | None = None  # None: 30 on cuda, 10 on cpu
     flush_l2: bool = True  # cuda only: overwrite a 256 MiB buffer between timed calls
     compile_baseline: bool = True  # also time torch.compile(Model) for reward 3
+    compile_cache: bool = True  # a task's compile baseline child starts from the inductor/triton caches its
+    # earlier batches' compile children left (opsynth.reward.compile_cache; the chain task 22.2 -> 14.6 s on 2 cpu cores)
     compile_prestart: bool | None = None  # start each task's torch.compile child with its eager child (it compiles
     # beside the builds, stopped in every quiet window) instead of when a candidate first beats eager (None: on cuda
     # when the batch holds at most baselines.COMPILE_POOL tasks: a user's evaluation, a cold first; a big GRPO batch
