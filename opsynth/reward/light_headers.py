@@ -78,8 +78,9 @@ def may_build_light(req: dict) -> bool:
 # (`lean_types_h`); the host translation units keep the light header (and its PCH). A build that
 # fails with it is built with the light header, then as written (`build_runner`), so what built
 # before still builds; what it costs is the failed attempt (cudafe++ stops at the first error).
-# Tensor operators (`a + b` on tensors, ATen/TensorOperators.h, +6 s) are left out: a source that
-# uses them in a `.cu` takes the fallback.
+# Tensor operators (`a + b` on tensors: ATen/TensorOperators.h, +6 s of the 14) come in only where a
+# variable the source declares as a tensor stands beside an arithmetic operator (`_tensor_arithmetic`);
+# a use that this misses takes the fallback.
 
 LEAN_MACRO = "OPSYNTH_LEAN_CUDA"  # defined for the CUDA translation units of a lean attempt
 
@@ -118,7 +119,7 @@ constexpr auto kF64 = kFloat64;
 # Headers a source's words ask for, beyond the Tensor class (each included only where it exists).
 _EXTRA = [
     (re.compile(r"\bAT_DISPATCH_|\bAT_PRIVATE_CASE"), "ATen/Dispatch.h"),
-    (re.compile(r"\bindexing::"), "ATen/TensorIndexing.h"),
+    (re.compile(r"\bindexing\b"), "ATen/TensorIndexing.h"),
     (re.compile(r"\b(at|c10)::cuda::|getCurrentCUDAStream|CUDAGuard"), "ATen/cuda/CUDAContext.h"),
     (re.compile(r"\bc10::irange\b|\birange\("), "c10/util/irange.h"),
     (re.compile(r"\bNoGradGuard|InferenceMode|AutoGradMode"), "ATen/core/grad_mode.h"),
@@ -129,6 +130,32 @@ _USING_NS = re.compile(r"\busing\s+namespace\s+(torch|at)\b")
 # What the lean header cannot give: autograd-aware factories (torch::ones(..., requires_grad) is
 # torch's variable factory, at::ones is not), and the full header's frontend.
 _NOT_LEAN = re.compile(r"requires_grad|\btorch::(autograd|jit|nn|optim|data)\b")
+
+
+_TENSOR_VARS = [
+    re.compile(r"\b(?:torch|at)::Tensor\s*&?\s*(\w+)"),  # parameters and declarations
+    re.compile(r"\bauto\s*&?\s*(\w+)\s*=\s*(?:torch|at)::\w+\s*\("),  # auto y = torch::empty_like(...)
+]
+
+
+# `float* x`: a pointer's declaration, not a product (the word before the star is a type)
+_POINTER_DECL = re.compile(r"\b(?:float|double|int|long|short|char|bool|void|half|__half|__nv_bfloat16|scalar_t|T|"
+                           r"u?int(?:8|16|32|64)_t|size_t|unsigned|const|auto|float[24]|Half|BFloat16)\s*\*\s*$")
+
+
+def _tensor_arithmetic(texts: list[str]) -> bool:
+    """Whether a variable declared as a tensor stands beside + - * / (not indexed: `x[i] * s` in a
+    kernel is a pointer's element; not `float* x`). A guess: a miss costs the fallback, a false hit
+    about 6 s."""
+    for t in texts:
+        names = {n for rx in _TENSOR_VARS for n in rx.findall(t)} - {"const"}
+        for n in names:
+            if re.search(rf"(?<![\w.])\b{re.escape(n)}\s*[-+*/]=?\s*[\w(.]", t):
+                return True
+            for m in re.finditer(rf"[-+*/]\s*\b{re.escape(n)}\b(?!\s*[\[.(])", t):
+                if not _POINTER_DECL.search(t[max(0, m.start() - 40):m.start() + 1]):
+                    return True
+    return False
 
 
 def may_build_lean(req: dict) -> bool:
@@ -152,6 +179,8 @@ def lean_types_h(cuda_texts: list[str], torch_include: str) -> str:
     have = lambda rel: os.path.isfile(os.path.join(torch_include, rel))  # noqa: E731
     incs = ["ATen/core/Tensor.h", "c10/util/Exception.h", "c10/core/TensorOptions.h"]
     incs += [rel for rx, rel in _EXTRA if any(rx.search(t) for t in cuda_texts) and have(rel)]
+    if _tensor_arithmetic(cuda_texts):
+        incs.append("ATen/TensorOperators.h")
     incs += [f"ATen/ops/{op}.h" for op in sorted(ops) if have(f"ATen/ops/{op}.h")]
     body = "\n".join(f"#include <{rel}>" for rel in incs)
     return (f"// opsynth's lean torch/types.h for CUDA translation units (opsynth.reward.light_headers.lean_types_h).\n"

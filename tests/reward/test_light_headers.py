@@ -121,6 +121,19 @@ def test_lean_types_h_names_the_operators_the_cuda_sources_call():
     assert "#include <ATen/ops/relu.h>" in lean_types_h(["using namespace torch;\nauto y = relu(x);"], inc).splitlines()
 
 
+def test_tensor_operators_and_indexing_come_in_where_the_source_uses_them():
+    import torch.utils.cpp_extension as ce
+
+    inc = ce.include_paths("cpu")[0]
+    ops = "ATen/TensorOperators.h"
+    assert ops not in lean_types_h([KB_CU], inc)  # `x[i] * s` in the kernel, `float* y`: not tensors
+    assert ops in lean_types_h([KB_CU.replace("return y;", "return y + xc;")], inc)  # y = torch::empty_like(...)
+    assert ops in lean_types_h(["torch::Tensor f(torch::Tensor x) { return 2.0 * x; }"], inc)
+    assert ops not in lean_types_h(["__global__ void k(const float* x, float* y) { y[0] = 2.f * x[0]; }\n"
+                                    "torch::Tensor f(torch::Tensor x) { return x.sum(); }"], inc)
+    assert "ATen/TensorIndexing.h" in lean_types_h(["using namespace torch::indexing;"], inc)
+
+
 def test_autograd_aware_factories_skip_the_lean_attempt():
     assert may_build_lean(_inline(cpp_sources=DECL, cuda_sources=KB_CU))
     assert not may_build_lean(_inline(cpp_sources=DECL))  # no CUDA unit
@@ -268,12 +281,15 @@ def test_a_cuda_unit_with_tensor_operators_fails_lean_which_is_what_the_fallback
     from opsynth.reward import pch
 
     light = pch.light_include_dir(tmp_path, [], True)
-    text = KB_CU.replace("return y;", "return y + xc;")  # ATen/TensorOperators.h: left out of the lean header
+    # ATen/TensorOperators.h comes in where a declared tensor stands beside an operator; `xc` is
+    # `auto xc = x.contiguous()`, which the guess does not take for a tensor: the lean attempt fails
+    text = KB_CU.replace("return y;", "return xc * 2.0;")
     src = tmp_path / "k.cu"
     src.write_text(text)
     p = subprocess.run(_nvcc_cmd(_nvcc(), light, _lean_dir(tmp_path, text)) + ["-c", str(src), "-o", str(tmp_path / "k.o")],
                        capture_output=True, text=True, timeout=600)
-    assert p.returncode != 0 and "operator+" in p.stderr, p.stderr[-3000:]
+    assert "ATen/TensorOperators.h" not in Path(tmp_path, "lean_include", "torch", "types.h").read_text()
+    assert p.returncode != 0 and "operator" in p.stderr, p.stderr[-3000:]
 
 
 # What C++ wrappers commonly use from torch/extension.h (the bandit's CPU candidate used
