@@ -501,6 +501,8 @@ def main() -> None:
         rec.update(count=len(results), seconds=round(wall, 1), evals_per_min=_rate(len(results), wall), rewards=_summary(results),
                    ext_requests=ext_after["requests"] - ext_before["requests"], ext_hits=ext_after["ext_hits"] - ext_before["ext_hits"],
                    builds=ext_after["builds"] - ext_before["builds"],
+                   # which headers the builds took (opsynth.reward.light_headers): lean .cu, light, fallbacks
+                   headers={k2: ext_after[k2] - ext_before[k2] for k2 in ("lean_cuda", "lean_fallbacks", "light_headers", "light_fallbacks")},
                    **_tu(before, ccache_stats(svc.ccache, svc.cache_dir)),
                    **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in PHASES},
                    median_rounds=_median((r.details.get("rounds") or {}).get("total") for r in results),  # timed rounds a candidate ran
