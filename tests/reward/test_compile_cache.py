@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from opsynth.reward import RewardConfig, baselines, compile_cache, evaluate
+from opsynth.reward import RewardConfig, baselines, compile_cache
 
 CANDS = Path(__file__).parent / "candidates"
 CHAIN = (CANDS / "tasks" / "chain.py").read_text()
-WRONG = (CANDS / "cpu" / "ext_prelude.py").read_text() + "\n" + (CANDS / "cpu" / "wrong.py").read_text()
 
 
 def test_harvest_keeps_regular_files_only_and_never_overwrites(tmp_path):
@@ -64,29 +63,27 @@ def test_one_store_per_task_and_device(tmp_path):
 
 
 def _compile_child_hits(cache: str, on: bool) -> int:
-    """One evaluation (an incorrect candidate: the compile child is started with the eager child and
-    compiles whatever the candidate does), from an empty pool; the compile child's cache hits."""
-    with baselines._pool_lock:
-        old = list(baselines._pool.values())
-        baselines._pool.clear()
-    for s in old:
-        s.close()
-    cfg = RewardConfig(device="cpu", cache_dir=cache, static_check=False, cpu_threads=1, prebuild=False, warmup=3,
-                       repeats=10, compile_prestart=True, compile_cache=on)
-    r = evaluate(CHAIN, WRONG, cfg)
-    assert r.reason.startswith("incorrect"), r.log[-2000:]
-    [srv] = [s for s in list(baselines._pool.values()) if Path(s.job["task_path"]).read_text() == CHAIN]
-    srv.wait_ready()
-    hits = srv.info.get("cache_hits")
-    srv.close()  # joins the store's harvest
-    with baselines._pool_lock:
-        baselines._pool.clear()
-    return hits
+    """One compile baseline child of the chain task (as a batch starts it), compiled and ready; its
+    FX graph cache hits. Closing it joins the store's harvest."""
+    from opsynth.render.task_file import DEFAULT_MODE, task_kind
+
+    kind = task_kind(CHAIN)
+    ref_job = {"task_mode": DEFAULT_MODE, "task_kind": {"dtype": kind.dtype, "task_pass": kind.task_pass},
+               "init_seed": 1, "trial_seeds": [2, 3]}
+    cfg = RewardConfig(device="cpu", cache_dir=cache, cpu_threads=1, compile_cache=on)
+    srv = baselines.BaselineServer("compile", CHAIN, ref_job, cfg, "cpu")
+    try:
+        srv.wait_ready()
+        assert srv.error is None, srv.error
+        return srv.info.get("cache_hits")
+    finally:
+        srv.close()
 
 
 @pytest.mark.slow
-def test_a_compile_child_starts_from_the_tasks_store_and_hits_the_fx_graph_cache(reward_cache):
-    _compile_child_hits(reward_cache, on=True)  # fills the store (or finds it filled by an earlier test)
-    assert any(compile_cache.store_for(reward_cache, CHAIN, "cpu").joinpath("inductor").rglob("*"))
-    assert _compile_child_hits(reward_cache, on=False) == 0  # control: without the store, compiled from nothing
-    assert _compile_child_hits(reward_cache, on=True) >= 1
+def test_a_compile_child_starts_from_the_tasks_store_and_hits_the_fx_graph_cache(tmp_path):
+    cache = str(tmp_path / "cache")
+    assert _compile_child_hits(cache, on=True) == 0  # a new store: compiled from nothing, and kept
+    assert any(compile_cache.store_for(cache, CHAIN, "cpu").joinpath("inductor").rglob("*"))
+    assert _compile_child_hits(cache, on=False) == 0  # control: without the store, compiled from nothing again
+    assert _compile_child_hits(cache, on=True) >= 1
