@@ -57,14 +57,12 @@ def _compile(req: dict, pch_dir: str | None, build_name: str, out: str, first_in
     if pch_dir:
         args["extra_cflags"] = [f"-I{pch_dir}", *_flag_list(args.get("extra_cflags"))]
     if lean:
-        from opsynth.reward.light_headers import LEAN_MACRO, lean_types_h
+        from opsynth.reward.light_headers import LEAN_MACRO, cuda_texts, lean_types_h
 
-        files = req.get("files") or {}
-        cu = _flag_list(args.get("cuda_sources")) + [t for n, t in sorted(files.items()) if n.endswith(".cu")]
         lean_dir = os.path.join(out, "lean_include")
         os.makedirs(os.path.join(lean_dir, "torch"), exist_ok=True)
         with open(os.path.join(lean_dir, "torch", "types.h"), "w") as f:
-            f.write(lean_types_h([t for t in cu if isinstance(t, str)], ce.include_paths()[0]))
+            f.write(lean_types_h(cuda_texts(req), ce.include_paths()[0]))
         # nvcc's flags only: -I is searched before torch's -isystem folders, wherever it stands
         args["extra_cuda_cflags"] = [*_flag_list(args.get("extra_cuda_cflags")), f"-D{LEAN_MACRO}", f"-I{lean_dir}"]
     # Include paths are names inside the upload (build_flags checked them): this build's folder only.

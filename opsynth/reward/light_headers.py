@@ -158,12 +158,23 @@ def _tensor_arithmetic(texts: list[str]) -> bool:
     return False
 
 
+CUDA_SIDE = (".cu", ".cuh", ".h", ".hpp", ".hh", ".inl")  # a workspace's files a .cu may include
+
+
+def cuda_texts(req: dict) -> list[str]:
+    """What the CUDA translation units of a build request read: its `cuda_sources`, and a
+    workspace's `.cu` files with the headers beside them."""
+    files = req.get("files") or {}
+    return _texts((req.get("args") or {}).get("cuda_sources")) + [
+        t for n, t in sorted(files.items()) if n.endswith(CUDA_SIDE) and isinstance(t, str)]
+
+
 def may_build_lean(req: dict) -> bool:
     """Whether a light build request's CUDA translation units are worth a lean attempt: it has any,
     and none names what the lean torch/types.h leaves out on purpose (autograd-aware factories)."""
     files = req.get("files") or {}
-    cu = _texts((req.get("args") or {}).get("cuda_sources")) + [t for n, t in files.items() if n.endswith(".cu") and isinstance(t, str)]
-    return bool(cu) and not any(_NOT_LEAN.search(t) for t in cu)
+    has_cu = bool(_texts((req.get("args") or {}).get("cuda_sources"))) or any(n.endswith(".cu") for n in files)
+    return has_cu and not any(_NOT_LEAN.search(t) for t in cuda_texts(req))
 
 
 def lean_types_h(cuda_texts: list[str], torch_include: str) -> str:

@@ -134,6 +134,31 @@ def test_tensor_operators_and_indexing_come_in_where_the_source_uses_them():
     assert "ATen/TensorIndexing.h" in lean_types_h(["using namespace torch::indexing;"], inc)
 
 
+def test_a_lean_compile_writes_its_header_and_gives_it_to_nvcc_only(tmp_path, monkeypatch):
+    import torch.utils.cpp_extension as ce
+
+    seen = {}
+    monkeypatch.setattr(ce, "load_inline", lambda **kw: seen.update(kw) or "x.so")
+    req = _inline(cpp_sources=DECL, cuda_sources=KB_CU, functions=["scale_relu_cuda"], extra_cuda_cflags="-O3")
+    assert build_runner._compile(req, None, "opsx_t", str(tmp_path / "lean"), first_include="/light", lean=True) == "x.so"
+    lean_dir = str(tmp_path / "lean" / "lean_include")
+    assert seen["extra_cuda_cflags"] == ["-O3", "-DOPSYNTH_LEAN_CUDA", f"-I{lean_dir}"]
+    assert "extra_cflags" not in seen and seen["extra_include_paths"] == ["/light"]  # the C++ side keeps the light header
+    assert "#include <ATen/ops/empty_like.h>" in Path(lean_dir, "torch", "types.h").read_text().splitlines()
+    assert req["args"]["extra_cuda_cflags"] == "-O3"  # the request itself is untouched (a fallback builds it again)
+
+
+def test_a_workspaces_headers_beside_its_cu_are_read_for_the_operators_they_name():
+    from opsynth.reward.light_headers import cuda_texts
+
+    req = {"kind": "files", "name": "x", "args": {}, "files": {"k.cu": "#include \"ops.cuh\"\n", "ops.cuh": "auto z = torch::zeros({2});",
+                                                              "w.cpp": "auto q = torch::ones({2});", "notes.txt": "torch::eye("}}
+    assert cuda_texts(req) == ["#include \"ops.cuh\"\n", "auto z = torch::zeros({2});"]
+    assert may_build_lean(req)
+    assert not may_build_lean({**req, "files": {"k.cu": "", "ops.cuh": "torch::ones({2}, torch::requires_grad());"}})
+    assert not may_build_lean({**req, "files": {"ops.cuh": "", "w.cpp": ""}})  # no CUDA unit
+
+
 def test_autograd_aware_factories_skip_the_lean_attempt():
     assert may_build_lean(_inline(cpp_sources=DECL, cuda_sources=KB_CU))
     assert not may_build_lean(_inline(cpp_sources=DECL))  # no CUDA unit
