@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# H200, one device call (< 10 minutes): the lean CUDA header and the compile baseline's cache, measured
+# where they should show (issue 28).
+#   here:   bash benchmarks/device_wheels.sh && bash benchmarks/device_tools.sh
+#   device: run(command="bash benchmarks/h200_reward_cuts.sh", carry=[".whl", ".tools"], timeout_s=600)
+# 1. benchmarks/cli_eval_kb.py --settings true: a KernelBench-layout CLI evaluation, prime then warm
+#    (about 2 minutes; 2026-12-03: warm 52.6 s with the build at 21.2 s: where do the other 22 s go?);
+# 2. benchmarks/reward_throughput.py with the hardened sandbox (about 6.5 minutes): distinct, GRPO-shaped
+#    and cold first, with which headers the builds took.
+# Results in $OUT: cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 HF_HUB_OFFLINE=1
+[ -x .tools/ccache/ccache ] && export OPSYNTH_CCACHE=$PWD/.tools/ccache/ccache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
+timeout ${CLI_S:-150} python3 benchmarks/cli_eval_kb.py --settings true --timeout 120 --out "$OUT/cli_eval_kb_h200.json" > "$OUT/cli_eval_kb.log" 2>&1
+echo "cli_eval_kb rc=$?"; tail -5 "$OUT/cli_eval_kb.log"
+timeout ${RUN_S:-390} python3 benchmarks/reward_throughput.py --baseline-count 2 --isolation auto \
+  --out "$OUT/reward_throughput_auto.json" > "$OUT/reward_throughput_auto.log" 2>&1
+echo "throughput rc=$?"; tail -7 "$OUT/reward_throughput_auto.log"
