@@ -285,14 +285,14 @@ def choose_reps(curve: list[tuple[float, float]], target_ms: float) -> tuple[flo
     meaningful: the measured count whose running-max time (the curve made monotone) is nearest the
     target, ties to the one whose own time is nearest; the note says so."""
     pts = sorted(curve)
-    if len(_crossings(pts, target_ms)) <= 1:
+    n = len(_crossings(pts, target_ms))
+    if n <= 1:
         return reps_for(pts, target_ms)
     env, m = [], float("-inf")
     for _, t in pts:
         m = max(m, t)
         env.append(m)
     i = min(range(len(pts)), key=lambda j: (abs(env[j] - target_ms), abs(pts[j][1] - target_ms), pts[j][0]))
-    n = len(_crossings(pts, target_ms))
     return pts[i][0], (f"(curve not monotone here: it passes the target {n} times; nearest measured point by "
                        f"running max, {pts[i][1]:.4f} ms, running max {env[i]:.4f} ms)")
 

@@ -86,7 +86,8 @@ def run(job: dict) -> dict:
     t0 = time.perf_counter()
     headers, so = "as_written", None
     light_dir = job.get("light_dir")
-    if light_dir and job.get("lean_cuda"):  # the lean torch/types.h in CUDA units first, the light header if that fails
+    lean = bool(light_dir and job.get("lean_cuda"))
+    if lean:  # the lean torch/types.h in CUDA units first, the light header if that fails
         try:
             so = _compile(req, None, job["build_name"], os.path.join(job["out_dir"], "lean"), first_include=light_dir, lean=True)
             headers = "lean_cuda"
@@ -94,7 +95,7 @@ def run(job: dict) -> dict:
             print(f"[build] with the lean torch/types.h: {type(e).__name__}; building with the light torch/extension.h", flush=True)
             headers = "light_after_lean_failed"
             ce.JIT_EXTENSION_VERSIONER.entries.pop(job["build_name"], None)
-    lean_s = round(time.perf_counter() - t0, 3) if light_dir and job.get("lean_cuda") else None
+    lean_s = round(time.perf_counter() - t0, 3) if lean else None
     if light_dir and so is None:  # opsynth.reward.light_headers: the light torch/extension.h first, as written if that fails
         try:
             so = _compile(req, None, job["build_name"], os.path.join(job["out_dir"], "light"), first_include=light_dir)

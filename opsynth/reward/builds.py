@@ -446,7 +446,7 @@ class BuildService:
             with self.stats.lock:
                 self.stats.light_headers += headers == "light"
                 self.stats.lean_cuda += headers == "lean_cuda"
-                self.stats.lean_fallbacks += headers == "light_after_lean_failed" or (headers == "as_written_after_light_failed" and bool(res.data.get("lean_attempt_s")))
+                self.stats.lean_fallbacks += res.data.get("lean_attempt_s") is not None and headers != "lean_cuda"
                 self.stats.light_fallbacks += headers == "as_written_after_light_failed"
             return {"ok": True, "dir": str(final), "name": name, "cached": False, "build_s": round(wall, 3), "headers": headers}
         finally:
