@@ -8,7 +8,8 @@ over many rounds), drives the real `run_rounds` against a real `RoundSession` se
 (what the parent's clocks see per round), and counts per part:
 
 - host reads (`int`, `bool`, `float`, `.item`, `.tolist`, `.cpu` on a tensor, seen by a
-  TorchFunctionMode): on CUDA each is a device sync;
+  TorchFunctionMode): on CUDA each is a device sync (on the CPU, counted on the path a device
+  takes: timed_inputs reads a CPU's values at once, `_READ_NOW`);
 - aten ops that reach a kernel (a TorchDispatchMode; views left out): about one launch each;
 - on CUDA, the syncs `torch.cuda.set_sync_debug_mode("warn")` reports and the kernels (and
   memcpy/memset) the profiler sees.
@@ -103,22 +104,28 @@ _HOST_READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist"
 
 
 class HostReads(TorchFunctionMode):
-    """Counts reads of a tensor's values on the host (a device sync each on CUDA)."""
+    """Counts reads of a tensor's values on the host (a device sync each on CUDA); reads of what a
+    `.cpu()` brought over (by storage) are not counted again: that copy was the read."""
 
     def __init__(self):
         super().__init__()
         self.n = 0
+        self.copied: set = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if name in _HOST_READS:
-            self.n += 1
-        elif name == "to" and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
+        read = name in _HOST_READS
+        if name == "to" and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
             dev = kwargs.get("device", args[1] if len(args) > 1 else None)
-            if isinstance(dev, (str, torch.device)) and torch.device(dev).type == "cpu":
+            read = isinstance(dev, (str, torch.device)) and torch.device(dev).type == "cpu"
+        if read and args and isinstance(args[0], torch.Tensor):
+            if args[0].untyped_storage().data_ptr() not in self.copied:
                 self.n += 1
-        return func(*args, **kwargs)
+            if isinstance(out, torch.Tensor):
+                self.copied.add(out.untyped_storage().data_ptr())
+        return out
 
 
 class AtenOps(TorchDispatchMode):
@@ -172,6 +179,8 @@ class Served:
 
     def session(self) -> RoundSession:
         if self._state is None:
+            if not self.conn.poll(60):
+                raise RuntimeError("the parent's side of the channel did not report")
             self._state = self.conn.recv()
             self.proc.join(10)
         s = RoundSession(self.plan)
@@ -187,17 +196,34 @@ def _median(xs):
     return round(statistics.median(xs), 4) if xs else None
 
 
+def _read_syscalls() -> int | None:
+    """This process's read system calls so far (/proc/self/io `syscr`), or None where not kept."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("syscr:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 class Part:
     def __init__(self, sync):
         self.sync = sync
         self.ms: dict[str, list] = {}
+        self.reads: dict[str, list] = {}  # read system calls of the channel parts
 
     def __call__(self, name, fn, *a):
         self.sync()
+        r0 = _read_syscalls() if name.startswith("rtt_") else None
         t0 = time.perf_counter()
         r = fn(*a)
         self.sync()
         self.ms.setdefault(name, []).append((time.perf_counter() - t0) * 1e3)
+        if r0 is not None:
+            r1 = _read_syscalls()
+            self.reads.setdefault(name, []).append(r1 - r0 - 1)  # less the read of /proc/self/io itself
         return r
 
 
@@ -216,6 +242,7 @@ def parts_loop(fn, buffers, stacked, timer, rounds: int, sync) -> dict:
     both = _report_fn()
     settle, claim = [], []
     mismatches = []
+    res_bytes = {}
     old_chan = legacy.Channel(served.child.fileno()) if legacy is not None else None
     try:
         seed = part("rtt_round_start", chan.request, {"kind": "round_start", "j": 0})["seed"]
@@ -256,7 +283,10 @@ def parts_loop(fn, buffers, stacked, timer, rounds: int, sync) -> dict:
             if old_chan is not None:
                 part("rtt_noop_legacy", old_chan.request, {"kind": "timing_share"})
             seed = rep.get("seed")
-            part("keep_cpu_copy", lambda: [o.detach().cpu().clone() for o in outs])  # 2 rounds a pass only
+            if j == 0:  # the old channel read a reply a byte per system call
+                res_bytes = {"round_ready": 13, "round_returned": 13, "round_done": len(json.dumps(rep)) + 1}
+            if j % 5 == 0:  # 2 rounds a pass only (and a large copy on CUDA)
+                part("keep_cpu_copy", lambda: [o.detach().cpu().clone() for o in outs])
             part("poison", lambda: [poison_fill(o) for o in outs])
             out = outs = None
     finally:
@@ -264,6 +294,8 @@ def parts_loop(fn, buffers, stacked, timer, rounds: int, sync) -> dict:
     if served.session().error:
         raise RuntimeError(f"protocol error: {served.session().error}")
     res = {k: _median(v) for k, v in part.ms.items()}
+    res["read_syscalls"] = {k: _median(v) for k, v in part.reads.items()}
+    res["reply_bytes"] = res_bytes  # a round's replies: the read system calls the byte-wise channel made
     res["claim"] = _median(claim)
     res["settle"] = _median(settle)
     res["fp_and_key"] = res["report"] if both is not None else round(res["fingerprint"] + res["input_key"], 4)
@@ -338,6 +370,21 @@ def count_loop(fn, buffers, stacked, timer, rounds: int, cuda: bool) -> dict:
     reads: dict = {}
     ops: dict = {}
     syncs: dict = {}
+    read_now = getattr(timed_inputs, "_READ_NOW", None)
+    if read_now is not None:  # on the CPU too, the path a device takes: queued, one transfer
+        timed_inputs._READ_NOW = ()
+    try:
+        _count(fn, buffers, stacked, timer, rounds, cuda, reads, ops, syncs)
+    finally:
+        if read_now is not None:
+            timed_inputs._READ_NOW = read_now
+    res = {"host_reads": {k: max(v) for k, v in reads.items()}, "aten_ops": {k: max(v) for k, v in ops.items()}}
+    if cuda:
+        res["cuda_syncs_warned"] = {k: max(v) for k, v in syncs.items()}
+    return res
+
+
+def _count(fn, buffers, stacked, timer, rounds, cuda, reads, ops, syncs):
     for r in range(rounds):
         for name, step in _round_parts(fn, buffers, stacked, timer, 1234 + r):
             with HostReads() as h, AtenOps() as a:
@@ -353,10 +400,6 @@ def count_loop(fn, buffers, stacked, timer, rounds: int, cuda: bool) -> dict:
             reads.setdefault(name, []).append(h.n)
             ops.setdefault(name, []).append(a.n)
             syncs.setdefault(name, []).append(sum("synchroniz" in str(x.message) for x in w))
-    res = {"host_reads": {k: max(v) for k, v in reads.items()}, "aten_ops": {k: max(v) for k, v in ops.items()}}
-    if cuda:
-        res["cuda_syncs_warned"] = {k: max(v) for k, v in syncs.items()}
-    return res
 
 
 def kernel_loop(fn, buffers, stacked, timer, rounds: int) -> dict:
@@ -380,26 +423,41 @@ def kernel_loop(fn, buffers, stacked, timer, rounds: int) -> dict:
     return {k: {f: max(c[f] for c in v) for f in ("kernels", "memcpy", "memset")} for k, v in counts.items()}
 
 
-def cuda_checks(rounds: int) -> dict:
-    """The candidate child's per-round CUDA runtime checks (opsynth.reward.cuda_state): the
-    persisting-L2 reset before each call, the launch error and the set-aside after it."""
-    from opsynth.reward.cuda_state import CudaState
+def child_checks(rounds: int, cuda: bool) -> dict:
+    """The rest of a child's per-round harness, ms per call: entering and leaving `harness_ops` (three
+    times a round), the candidate's hook check after each call; on CUDA its runtime checks
+    (opsynth.reward.cuda_state): the persisting-L2 reset before each call, the launch error and the
+    set-aside after it."""
     from opsynth.reward.guards import _hook_state
+    from opsynth.reward.rounds import harness_ops
 
-    cs = CudaState()
+    def ops():
+        with harness_ops():
+            pass
+
     part = Part(lambda: None)
+    cs = None
+    if cuda:
+        from opsynth.reward.cuda_state import CudaState
+
+        cs = CudaState()
     for _ in range(rounds):
-        part("reset_persisting_l2", cs.reset_persisting_l2)
-        part("last_error", cs.last_error)
-        part("persisting_l2_bytes", cs.persisting_l2_bytes)
+        part("harness_ops", ops)
         part("hooks_changed", _hook_state)
-    return {"available": cs.available, **{k: _median(v) for k, v in part.ms.items()}}
+        if cs is not None:
+            part("reset_persisting_l2", cs.reset_persisting_l2)
+            part("last_error", cs.last_error)
+            part("persisting_l2_bytes", cs.persisting_l2_bytes)
+    res = {k: _median(v) for k, v in part.ms.items()}
+    if cs is not None:
+        res["cuda_state_available"] = cs.available
+    return res
 
 
 # ---- the table ------------------------------------------------------------------------------------
 
 COLUMNS = ["fresh_inputs", "rtt_round_ready", "call_timed", "claim", "settle", "rtt_round_returned", "fingerprint",
-           "input_key", "fp_and_key", "legacy_fingerprint", "legacy_input_key", "legacy_fp_and_key", "rtt_round_done",
+           "input_key", "report", "fp_and_key", "legacy_fingerprint", "legacy_input_key", "legacy_fp_and_key", "rtt_round_done",
            "rtt_noop", "rtt_noop_legacy", "poison", "keep_cpu_copy"]
 
 
@@ -412,6 +470,9 @@ def table(results: dict) -> str:
     for c in COLUMNS:
         vals = [results["tasks"][n]["parts_ms"].get(c) for n in names]
         lines.append(f"{c:<20}" + "".join(f"{'-' if v is None else f'{v:.3f}':>{w + 2}}" for v in vals))
+    rs = [results["tasks"][n]["parts_ms"].get("read_syscalls") or {} for n in names]
+    for c in sorted({k for r in rs for k in r}, key=lambda k: COLUMNS.index(k) if k in COLUMNS else 99):
+        lines.append(f"{'reads ' + c[4:]:<20}" + "".join(f"{'-' if r.get(c) is None else r[c]:>{w + 2}}" for r in rs))
     lines.append("")
     lines.append("real run_rounds against a RoundSession (the parent's clocks), median ms:")
     keys = ["claim_ms", "before_ms", "call_beyond_claim_ms", "after_ms", "settle_ms", "round_beyond_claim_ms", "period_ms"]
@@ -472,9 +533,8 @@ def main(argv=None) -> None:
         out.write_text(json.dumps(results, indent=1) + "\n")
 
     timer = Timer(dev)
-    if cuda:
-        results["cuda_checks_ms"] = cuda_checks(200)
-        save()
+    results["child_checks_ms"] = child_checks(200, cuda)
+    save()
     tasks = _tasks(dev)
     chosen = args.tasks.split(",") if args.tasks else list(tasks)
     for name in chosen:
@@ -503,6 +563,7 @@ def main(argv=None) -> None:
         save()
         print(f"[round_overhead] {name}: {entry['task_s']} s", flush=True)
     print(table(results))
+    print("other per-round child checks, ms per call:", json.dumps(results["child_checks_ms"]))
     print(f"wrote {out}")
 
 

@@ -123,6 +123,12 @@ def _chunks(x):
 # one-by-one reads gave. Module functions and no module state that changes (the harness snapshot,
 # opsynth.reward.guards.HarnessSnapshot, takes any rebinding of this module's names for a patch).
 
+# Devices whose values are read at once (no device to wait for): on the CPU a small result kept
+# alive while the next output's large temporaries come and go made glibc return and re-fault them
+# (four times the page faults, twice the time). Tests empty it to run the transfer on the CPU.
+_READ_NOW = ("cpu",)
+
+
 def _int_sum(c, m):
     """sum(c * m) in int64 (wrapping), as `(c.to(torch.int64) * m).sum()`: the same values. A
     narrow integer chunk is widened inside the product (type promotion: each element cast to int64
@@ -135,10 +141,13 @@ def _int_sum(c, m):
 
 
 def _queue(q: dict, t) -> tuple:
-    """Queue a float64 vector or an int64 scalar for the round's transfer: (device, first, end) of it."""
+    """Queue a float64 vector or an int64 scalar for the round's transfer: its slot, (device, first,
+    end) in the transfer, or (None, its values) read at once (`_READ_NOW`)."""
     import torch
 
     v = t.reshape(-1)
+    if v.device.type in _READ_NOW:
+        return None, v.tolist()
     if v.dtype == torch.float64:
         v = v.view(torch.int64)  # its bits: floats and integers travel in one buffer
     parts = q.setdefault(v.device, [])
@@ -160,10 +169,12 @@ def _fetch(q: dict) -> dict:
 
 
 def _ints(got: dict, slots: list) -> list[int]:
-    return [got[d][0][lo] for d, lo, _ in slots]
+    return [s[1][0] if s[0] is None else got[s[0]][0][s[1]] for s in slots]
 
 
 def _floats(got: dict, slot: tuple) -> list[float]:
+    if slot[0] is None:
+        return slot[1]
     d, lo, hi = slot
     return got[d][1][lo:hi]
 

@@ -29,7 +29,17 @@ import legacy_timed_inputs as legacy  # noqa: E402
 from opsynth.reward import timed_inputs  # noqa: E402
 from opsynth.reward.rounds import Channel  # noqa: E402
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# "cpu+transfer": the CPU through the queue and the one transfer a CUDA device takes (a CPU's values
+# are read at once, timed_inputs._READ_NOW)
+DEVICES = ["cpu", "cpu+transfer", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def device(request, monkeypatch):
+    if request.param == "cpu+transfer":
+        monkeypatch.setattr(timed_inputs, "_READ_NOW", ())
+        return "cpu"
+    return request.param
 
 
 def _same(a, b) -> bool:
@@ -105,12 +115,12 @@ def _check_keys(outs: dict):
     assert _same(timed_inputs.input_key([]), legacy.input_key([]))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_fingerprints_and_tolerances_are_the_ones_read_one_by_one(device):
     _check_fingerprints(_outputs(device))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_fingerprints_over_several_chunks_are_the_ones_read_one_by_one(device, small_chunks):
     outs = _outputs(device, n=5500)  # 6 chunks, the last one short
     late = outs["float32"].clone()
@@ -119,17 +129,17 @@ def test_fingerprints_over_several_chunks_are_the_ones_read_one_by_one(device, s
     _check_fingerprints(outs)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_input_keys_are_the_ones_read_one_by_one(device):
     _check_keys(_outputs(device))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_input_keys_over_several_chunks_are_the_ones_read_one_by_one(device, small_chunks):
     _check_keys(_outputs(device, n=5500))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_a_rounds_fingerprints_and_key_together_are_each_alone(device, small_chunks):
     outs = _outputs(device, n=2500)
     o = [outs["float32"], outs["bfloat16"], outs["int32"], outs["bool"], outs["float16_nan_inf"]]
@@ -160,9 +170,10 @@ class _HostReads(TorchFunctionMode):
         return out
 
 
-def test_a_round_reads_the_device_once(small_chunks):
+def test_a_round_reads_the_device_once(small_chunks, monkeypatch):
     """The usual round (finite outputs) copies its numbers to the host once, where the one-by-one
-    reads took one per output and chunk and one per input and chunk."""
+    reads took one per output and chunk and one per input and chunk (on the CPU's transfer path)."""
+    monkeypatch.setattr(timed_inputs, "_READ_NOW", ())
     outs = _outputs("cpu", n=2500)
     o = [outs["float32"], outs["float16"], outs["int32"], outs["bool"], outs["complex64"]]
     ins = [outs["float32"], outs["int64"], outs["bool"]]
@@ -177,7 +188,30 @@ def test_a_round_reads_the_device_once(small_chunks):
     assert nan.n > 1
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.gpu
+def test_a_round_syncs_the_device_once():
+    """On CUDA: the synchronizing operations torch's sync debug mode reports, once a round."""
+    import warnings
+
+    outs = _outputs("cuda", n=2500)
+    o = [outs["float32"], outs["bfloat16"], outs["int32"], outs["bool"]]
+    ins = [outs["float32"], outs["int64"]]
+    timed_inputs.fingerprints_and_key(o, ins)
+    torch.cuda.synchronize()
+    counts = []
+    for fn in (lambda: timed_inputs.fingerprints_and_key(o, ins), lambda: (legacy.fingerprint(o), legacy.input_key(ins))):
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        counts.append(sum("synchroniz" in str(x.message) for x in w))
+    assert counts[0] == 1 and counts[1] > 4, counts
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_fresh_inputs_are_the_ones_made_before(device):
     g = torch.Generator().manual_seed(5)
     trials = [[torch.randn(64, 48, generator=g), torch.randint(0, 9, (64, 48), generator=g), torch.randn(48, generator=g).half(),
