@@ -30,11 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import platform
 import socket
 import statistics
+import struct
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -141,48 +142,90 @@ class AtenOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-# ---- the parent's side: a RoundSession answered in a thread, as sandbox.run_child serves it ---------
+# ---- the parent's side: a RoundSession answered in another process, as sandbox.run_child serves it ---
 
 
-def _serve(sock, theirs, conn, plan: dict):
-    """The parent's channel loop in a process of its own (as the evaluator serves a child): answers
-    until the child closes its end, then sends back what the session clocked."""
-    theirs.close()  # the child's end, inherited by the fork: the loop ends when the child closes it
-    session = RoundSession(TimingPlan(**plan))
-    _serve_builds(sock, session_handler(session, None))
-    conn.send({k: getattr(session, k) for k in ("asked", "started", "ready", "claims", "call_wall", "returned",
-                                                 "before", "after", "settle", "wall", "error", "done")})
-    conn.close()
+_STATE = ("asked", "started", "ready", "claims", "call_wall", "returned", "before", "after", "settle", "wall", "error", "done")
+
+
+def _recv_exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _server_main(ctl) -> None:
+    """The server process: for each (plan, socket) it is handed, a RoundSession answered on that
+    socket by the evaluator's channel loop until the child's end closes; then what it clocked."""
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 1)
+        except OSError:
+            return
+        if not msg or not fds:
+            return
+        session = RoundSession(TimingPlan(**json.loads(msg)))
+        _serve_builds(socket.socket(fileno=fds[0]), session_handler(session, None))
+        state = pickle.dumps({k: getattr(session, k) for k in _STATE})
+        ctl.sendall(struct.pack("<Q", len(state)) + state)
+
+
+class SessionServer:
+    """A process forked at the start, before this one touches a GPU (a child forked from a CUDA
+    process must not touch it; this one never could), that plays the evaluator's side of each
+    session's channel."""
+
+    def __init__(self):
+        self.ctl, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # the server
+            try:
+                self.ctl.close()
+                _server_main(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.pid = pid
+
+    def close(self):
+        self.ctl.close()
+        os.waitpid(self.pid, 0)
+
+
+SERVER: SessionServer | None = None
 
 
 class Served:
-    """A RoundSession answered in another process (forked: it touches no device), on a socketpair,
-    as sandbox.run_child serves a child's channel; `chan` is the child's end, `session()` what the
-    parent clocked (once closed)."""
+    """One session: a RoundSession on the server's side of a socketpair; `chan` is the child's end,
+    `session()` what the parent clocked (once the child's end is closed)."""
 
     def __init__(self, rounds: int):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
         self.plan = TimingPlan.draw(0, rounds, 1e-2, 1e-2)
         parent, self.child = socket.socketpair()
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(parent, self.child, theirs, self.plan.to_dict()), daemon=True)
-        self.proc.start()
-        parent.close()
-        theirs.close()
+        socket.send_fds(SERVER.ctl, [json.dumps(self.plan.to_dict()).encode()], [parent.fileno()])
+        parent.close()  # the server holds its own copy
         self.chan = Channel(self.child.fileno())
         self._state = None
 
     def close(self):
+        """The child's end closed, and what the server's session clocked read back (always: the
+        next session's report must not meet this one's)."""
+        if self._state is not None:
+            return
         self.child.close()
+        SERVER.ctl.settimeout(60)
+        try:
+            (n,) = struct.unpack("<Q", _recv_exact(SERVER.ctl, 8))
+            self._state = pickle.loads(_recv_exact(SERVER.ctl, n))
+        finally:
+            SERVER.ctl.settimeout(None)
 
     def session(self) -> RoundSession:
-        if self._state is None:
-            if not self.conn.poll(60):
-                raise RuntimeError("the parent's side of the channel did not report")
-            self._state = self.conn.recv()
-            self.proc.join(10)
+        self.close()
         s = RoundSession(self.plan)
         for k, v in self._state.items():
             setattr(s, k, v)
@@ -510,6 +553,15 @@ def main(argv=None) -> None:
     ap.add_argument("--budget-s", type=float, default=100.0, help="stop starting new tasks after this many seconds")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    global SERVER
+    SERVER = SessionServer()  # before anything touches the GPU
+    try:
+        run(args)
+    finally:
+        SERVER.close()
+
+
+def run(args) -> None:
     dev = args.device
     cuda = dev == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -549,16 +601,22 @@ def main(argv=None) -> None:
         n = rounds if name != "chunked" or cuda else max(10, rounds // 3)  # 9M elements on one CPU thread
         entry = results["tasks"][name] = {"inputs": [[list(s), str(d)] for s, d in specs], "rounds": n}
         t0 = time.perf_counter()
-        with torch.no_grad():
-            parts_loop(fn, buffers, stacked, timer, 3, sync)  # warm: weights, allocator, generator
-            entry["parts_ms"] = parts_loop(fn, buffers, stacked, timer, n, sync)
-            save()
-            entry["session"] = session_loop(fn, buffers, stacked, timer, n)
-            save()
-            entry["counts"] = count_loop(fn, buffers, stacked, timer, 3, cuda)
-            save()
-            if cuda:
-                entry["cuda_kernels"] = kernel_loop(fn, buffers, stacked, timer, 1)
+        try:
+            with torch.no_grad():
+                parts_loop(fn, buffers, stacked, timer, 3, sync)  # warm: weights, allocator, generator
+                entry["parts_ms"] = parts_loop(fn, buffers, stacked, timer, n, sync)
+                save()
+                entry["session"] = session_loop(fn, buffers, stacked, timer, n)
+                save()
+                entry["counts"] = count_loop(fn, buffers, stacked, timer, 3, cuda)
+                save()
+                if cuda:
+                    entry["cuda_kernels"] = kernel_loop(fn, buffers, stacked, timer, 1)
+        except Exception as e:  # noqa: BLE001 - what was measured stays; the next task runs
+            import traceback
+
+            entry["error"] = traceback.format_exc()[-3000:]
+            print(f"[round_overhead] {name} failed: {type(e).__name__}: {e}", flush=True)
         entry["task_s"] = round(time.perf_counter() - t0, 2)
         save()
         print(f"[round_overhead] {name}: {entry['task_s']} s", flush=True)
