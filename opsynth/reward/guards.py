@@ -287,6 +287,20 @@ def _functions(owner, label: str, depth: int = 0):
             yield from _functions(v, f"{label}.{n}", depth + 1)
 
 
+def _class_methods(owner, label: str, depth: int = 0):
+    """(class, name, label) of the functions, static and class methods and properties of the classes
+    defined in a module (or nested in them), as `_functions` finds them."""
+    home = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
+    for n, v in list(vars(owner).items()):
+        if isinstance(v, type) and depth < 2 and v.__module__ == home:
+            for an, av in list(vars(v).items()):
+                if an.startswith("__") and an not in ("__call__", "__init__", "__enter__", "__exit__"):
+                    continue
+                if isinstance(av, (types.FunctionType, staticmethod, classmethod, property)):
+                    yield v, an, f"{label}.{n}.{an}"
+            yield from _class_methods(v, f"{label}.{n}", depth + 1)
+
+
 class HarnessSnapshot:
     """Identities of the functions the harness relies on; any change means the candidate patched one.
 
@@ -323,6 +337,10 @@ class HarnessSnapshot:
             for n, v in list(vars(m).items()):
                 if not n.startswith("__"):
                     self.entries[f"{m.__name__}.{n}"] = (m, n, v, "harness")
+            # and the methods of the classes defined there: `Timer.time_call = fast` rebinds no module
+            # name and leaves the old function's code as it was
+            for owner, n, label in _class_methods(m, m.__name__):
+                self.entries[label] = (owner, n, getattr(owner, n), "harness")
         import statistics
 
         for label, (owner, n, v, kind) in list(self.entries.items()):

@@ -439,23 +439,35 @@ def plausible(session: RoundSession, reference: RoundSession) -> tuple[bool, str
 
 class Channel:
     """JSON lines to the parent over the child's channel (the build channel's socket); the parent
-    answers every line, in order."""
+    answers every line, in order, and only a line it was sent: a reply is all there is to read when
+    one is awaited. Replies are read in one go (a read takes what has arrived, up to a whole line or
+    more), not a byte at a time as `readline` on an unbuffered file does (a system call per byte: a
+    round's three replies cost hundreds of them, and system calls are slow in a sandbox). What
+    arrives past a line's end stays for the next request, in a buffer that keeps its identity."""
 
     def __init__(self, fd: int | None):
         if fd is None:
             raise RuntimeError("no channel to the parent in this child")
         self.f = os.fdopen(fd, "r+b", buffering=0, closefd=False)
+        self.pending = bytearray()
 
     def request(self, req: dict) -> dict:
         import json
 
-        self.f.write(json.dumps(req).encode() + b"\n")
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = self.f.readline()
+        data = memoryview(json.dumps(req).encode() + b"\n")
+        while data:
+            data = data[self.f.write(data):]
+        buf = self.pending
+        while True:
+            end = buf.find(b"\n")
+            if end >= 0:
+                break
+            chunk = self.f.read(65536)
             if not chunk:
                 raise RuntimeError("the parent closed the channel")
-            line += chunk
+            buf += chunk
+        line = bytes(buf[:end])
+        del buf[:end + 1]
         return json.loads(line)
 
 
@@ -481,7 +493,7 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: in
     otherwise cost every one of them a trip through Python.
     Returns ({round: outputs} of the kept rounds, {round: fingerprints}) of this pass."""
     from opsynth.reward.compare import as_output_list
-    from opsynth.reward.timed_inputs import fingerprint, fresh_inputs, input_key
+    from opsynth.reward.timed_inputs import fingerprints_and_key, fresh_inputs
     from opsynth.runtime.timing import time_rounds
 
     kept: dict = {}
@@ -512,8 +524,7 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: in
         if check_call is not None:
             check_call(j, outs)  # plain tensors only, before any harness op touches them
         with harness_ops():
-            fps[j] = fingerprint(outs)
-            key = input_key(buffers)
+            fps[j], key = fingerprints_and_key(outs, buffers)  # one transfer to the host (one sync on CUDA)
             report = {"kind": "round_done", "j": j, "fp": fps[j], "key": key}
             if own_work is not None:
                 t0 = time.perf_counter()
@@ -544,14 +555,14 @@ def untimed_rounds(fn, buffers: list, stacked: list, seeds: dict, after=None) ->
     {round: seed}, its fresh inputs, the call, then its fingerprints and input hash, as `run_rounds`
     reports them, and `after(j, outs)`. Returns ({round: fingerprints}, {round: input hash})."""
     from opsynth.reward.compare import as_output_list
-    from opsynth.reward.timed_inputs import fingerprint, fresh_inputs, input_key
+    from opsynth.reward.timed_inputs import fingerprints_and_key, fresh_inputs
 
     fps: dict = {}
     keys: dict = {}
     for j, s in sorted(seeds.items()):
         fresh_inputs(buffers, stacked, int(s))
         outs = as_output_list(fn(*buffers))
-        fps[j], keys[j] = fingerprint(outs), input_key(buffers)
+        fps[j], keys[j] = fingerprints_and_key(outs, buffers)
         if after is not None:
             after(j, outs)
         outs = None

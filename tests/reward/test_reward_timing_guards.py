@@ -214,6 +214,30 @@ def test_snapshot_sees_code_swapped_under_an_unchanged_function():
     assert snap.changed() is None
 
 
+def test_snapshot_sees_a_harness_classs_method_replaced():
+    """`Timer.time_call = fast` (plain Python: no module name rebound, the old function's code as it
+    was) would claim any time the parent's wall-clock slack lets through."""
+    from opsynth.reward import rounds
+    from opsynth.runtime import timing
+
+    snap = guards.HarnessSnapshot(extra_modules=[timing, rounds])
+    assert snap.changed() is None
+
+    def fast(self, fn, args):
+        ms, out = orig(self, fn, args)
+        return ms * 0.5, out
+
+    for owner, name in ((timing.Timer, "time_call"), (rounds.Channel, "request"), (rounds.TimingPlan, "draw"),
+                        (rounds.RoundSession, "pass_end")):
+        orig = vars(owner)[name]
+        try:
+            setattr(owner, name, fast)
+            assert snap.changed() == f"harness_patched:{owner.__module__}.{owner.__qualname__}.{name}"
+        finally:
+            setattr(owner, name, orig)
+        assert snap.changed() is None
+
+
 def test_snapshot_sees_a_rewritten_builtin_timer_and_a_patched_timer_instance():
     from opsynth.runtime import timing
 
