@@ -218,6 +218,19 @@ class HeldShare:
     def __exit__(self, *exc) -> None:
         self._drop()
 
+    def let_go(self) -> bool:
+        """Let the share go now, for work that needs no device (torch.compile's code generation:
+        `opsynth.verify.compile_aside`); True when it was held and is now let go, and the caller
+        then calls `take_again`. False for a share held whole or not held."""
+        if self.exclusive or self._cm is None:
+            return False
+        self._drop()
+        return True
+
+    def take_again(self) -> None:
+        """The share again after `let_go` (waits like the first take: a timing section goes first)."""
+        self._take()
+
     @contextmanager
     def released(self) -> Iterator[None]:
         """The share let go for work that must not hold up a timing section (the verifier's

@@ -29,6 +29,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 from . import protocol
+from .compile_aside import CompileAside
 from .config import CUDA_USABLE, VerifyConfig
 from opsynth.runtime.device_lock import HeldShare
 from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, median_ms
@@ -150,6 +151,7 @@ class Worker:
         self.sections: list[list] = []
         self.lock_wait_s = 0.0
         self._compiling = False
+        self._aside = CompileAside()
         if cfg.preload_compiler:  # once per worker, rather than inside the first task's timeout
             import torch._dynamo  # noqa: F401
             import torch._inductor.compile_fx  # noqa: F401
@@ -202,14 +204,13 @@ class Worker:
         return share.timing() if share is not None else self.timing_lock()
 
     def _compiling_aside(self):
-        """The first torch.compile'd call (inductor's code generation, seconds of CPU work around a
-        few launches) without the memory share, with quiet timing on: otherwise every timing
-        section waits for the compiles in progress, and the writer-preferring gate holds every
-        other worker's request behind it (44 accepted/min on the H200 against 124 without quiet
-        timing; benchmarks/results/quiet_timing_h200/). Its launches may land beside a timing;
-        the timed median is robust to that, the comparisons and compile_ms are timed under the share."""
+        """The first torch.compile'd call with the memory share let go while Dynamo and inductor
+        generate code, and held for every launch (`opsynth.verify.compile_aside`), with quiet
+        timing on: otherwise every timing section waits for the compiles in progress."""
         share = self._quiet_share()
-        return share.released() if share is not None else nullcontext()
+        if share is None or not self._aside.install():
+            return nullcontext()
+        return self._aside.armed(share)
 
     def _quiet_share(self) -> HeldShare | None:
         """This request's memory share when quiet timing may let it go (held, and not whole)."""

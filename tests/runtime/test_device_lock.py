@@ -280,3 +280,85 @@ def test_a_timing_section_does_not_wait_for_a_share_let_go_for_a_compile(tmp_pat
     control = timed_beside(ctx.Process(target=_hold, args=(path, False, 1.0, str(control_log), "r", ready)), ready,
                            control_log)
     assert not _overlap(control["t"], control["r"]), control
+
+
+def _compile_request(path: str, log: str, armed: bool, in_codegen, codegen_s: float = 1.5, run_s: float = 1.0) -> None:
+    """A verifier compile request: its share, then a torch.compile'd first call whose backend
+    "generates code" for codegen_s (logged "g") and whose graph "runs on the device" for run_s
+    (logged "x"), with the share let go by `CompileAside` while armed."""
+    import time
+
+    import torch
+
+    from opsynth.runtime.device_lock import HeldShare
+    from opsynth.verify.compile_aside import CompileAside
+
+    def log_span(name, secs, held):
+        with open(log, "a") as f:
+            f.write(f"{name} in {time.monotonic():.4f}\n")
+        held.append(share.held)
+        if name == "g":
+            in_codegen.set()
+        time.sleep(secs)
+        with open(log, "a") as f:
+            f.write(f"{name} out {time.monotonic():.4f}\n")
+
+    held_codegen: list = []
+    held_run: list = []
+
+    def backend(gm, example_inputs):
+        log_span("g", codegen_s, held_codegen)
+
+        def run(*args):
+            log_span("x", run_s, held_run)
+            return gm(*args)
+
+        return run
+
+    torch._dynamo.reset()  # clears Dynamo's callbacks: the verifier resets, then arms (install)
+    aside = CompileAside()
+    assert aside.install()
+    f = torch.compile(lambda x: x * 2 + 1, backend=backend)
+    with HeldShare(path) as share:
+        with (aside.armed(share) if armed else _null()):
+            f(torch.ones(4))
+        assert share.held
+    assert held_run == [True], held_run  # the graph's launches always run under the share
+    assert held_codegen == [not armed], held_codegen
+    assert aside.let_go_count == (1 if armed else 0)
+
+
+def _null():
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def _timing_during_codegen(tmp_path, armed: bool) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    path, log = str(tmp_path / f"cuda0-{armed}.lock"), tmp_path / f"log-{armed}"
+    device_lock.create_lock_files(path)
+    in_codegen = ctx.Event()
+    request = ctx.Process(target=_compile_request, args=(path, str(log), armed, in_codegen))
+    request.start()
+    assert in_codegen.wait(120)
+    timer = ctx.Process(target=_hold, args=(path, "timing", 0.3, str(log), "t"))
+    timer.start()
+    for p in (request, timer):
+        p.join(120)
+        assert p.exitcode == 0
+    return _spans(log)
+
+
+def test_a_compile_lets_its_share_go_for_code_generation_only(tmp_path):
+    """Armed, a compile request's share is let go while Dynamo's backend generates code, so a timing
+    section gets in then, and held while the compiled graph runs, so no launch of it lands beside
+    the timing. Control: unarmed, the timing waits for the whole compile and run."""
+    spans = _timing_during_codegen(tmp_path, armed=True)
+    assert _overlap(spans["t"], spans["g"]), spans  # the timing did not wait for code generation
+    assert not _overlap(spans["t"], spans["x"]), spans  # nor did the graph run beside it
+    control = _timing_during_codegen(tmp_path, armed=False)
+    assert not _overlap(control["t"], control["g"]) and not _overlap(control["t"], control["x"]), control
+    assert control["t"][0] >= control["x"][1], control
