@@ -43,3 +43,45 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
         assert isinstance(summary[key], float), key
     assert summary["same_settings"] and set(summary["heldout"]) == {"trained", "control"}
     assert json.loads((tmp_path / "summary.json").read_text())["steps_compared"] == 1
+
+
+def _bench():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import train_learning_h200 as bench
+
+    return bench
+
+
+def test_num_iterations_and_scale_rewards_reach_grpo_config_and_steps_count_rounds(tmp_path):
+    """--num-iterations is TRL's num_iterations (GRPO's mu) and --steps counts generation rounds, so
+    max_steps (optimiser steps) is their product; the control differs from the trained arm only in its
+    learning rate."""
+    from opsynth.train.trainer import grpo_config
+
+    bench = _bench()
+    argv = ["--num-iterations", "3", "--steps", "5", "--scale-rewards", "none", "--lr", "5e-4"]
+    cfgs = {arm: grpo_config(bench.train_settings(bench.parse(argv + extra), str(tmp_path / "t"), str(tmp_path / arm),
+                                                  {"cpu_threads": 1}), use_cpu=True)
+            for arm, extra in (("trained", []), ("control", ["--control"]))}
+    for cfg in cfgs.values():
+        assert (cfg.num_iterations, cfg.max_steps, cfg.scale_rewards) == (3, 15, "none")
+    assert (cfgs["trained"].learning_rate, cfgs["control"].learning_rate) == (5e-4, 0.0)
+    plain = {k: v for k, v in cfgs["trained"].to_dict().items() if k not in ("learning_rate", "output_dir", "logging_dir")}
+    assert plain == {k: v for k, v in cfgs["control"].to_dict().items() if k not in ("learning_rate", "output_dir", "logging_dir")}
+
+
+def test_step_table_has_one_row_per_generation_round(tmp_path):
+    """With num_iterations=2 TRL logs the reward at the optimiser step that generated (1, 3, ...);
+    the table has one row per round, with its optimiser steps and their summed time."""
+    bench = _bench()
+    rows = [{"step": 1, "reward": 0.5, "kernel/pass_rate": 0.75, "step_time": 10.0, "step_time_s": 10.0},
+            {"step": 2, "loss": 0.1, "step_time": 0.5},
+            {"step": 3, "reward": 0.25, "kernel/pass_rate": 0.625, "step_time": 8.0, "step_time_s": 8.0},
+            {"step": 4, "loss": 0.1, "step_time": 0.25},
+            {"step": 4, "train_runtime": 19.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "evaluations-rank0.jsonl").write_text(json.dumps({"step": 3, "reason": "syntax_error"}) + "\n")
+    table = bench.read_steps(str(tmp_path), turns=2)
+    assert [(r["round"], r["step"], r["reward"], r["updates"], r["round_s"]) for r in table] == \
+        [(1, 1, 0.5, 2, 10.5), (2, 3, 0.25, 2, 8.25)]
+    assert table[1]["reasons"] == {"syntax_error": 1}
