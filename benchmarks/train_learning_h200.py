@@ -13,20 +13,36 @@ renderer (`--sample-seeds`, not verified: the reward runs each reference anyway)
 smoke policy's warm start can write a program for (`--tasks lowerable`; on the others every episode
 scores -1 and GRPO has nothing to compare), split by the task-id hash into training and held-out
 tasks (`--heldout-fraction`), the first `--limit-tasks` training tasks trained on (so each recurs
-within the steps). The policy is the smoke policy warm-started on every one of those tasks' program (`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
-temperature writes them with probability `--warm-start-rate`; then GRPO, `--turns` turns an
-episode (scored by its best turn: a sampled revision that breaks a correct first program would otherwise erase the first turn's signal), `--tasks-per-step` tasks x `--num-generations` episodes a step, for `--steps` steps or
-until `--budget-s` has passed (the step in progress finishes). The control is the same run with
-learning_rate=0 (the same warm start, tasks, seeds, step count and evaluation budget).
+within the rounds). The policy is the smoke policy warm-started on every one of those tasks' program
+(`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
+temperature writes them with probability `--warm-start-rate`; then GRPO, `--turns` turns an episode
+(scored by its best turn: a sampled revision that breaks a correct first program would otherwise
+erase the first turn's signal), in generation rounds of `--tasks-per-step` tasks x
+`--num-generations` episodes, each batch trained on for `--num-iterations` optimiser steps (TRL's
+num_iterations, GRPO's mu, with the clipped ratio; TRL's global_step counts those steps, the step
+table counts rounds), for `--steps` rounds or until `--budget-s` has passed (the optimiser step in
+progress finishes). The control is the same run with learning_rate=0 (the same warm start, tasks,
+seeds, round count and evaluation budget).
 
-Writes under `--out`: `<arm>/steps.json` (rewritten after every step: per step mean reward, pass
-rate, faster-than-eager and faster-than-compile shares, overall and after each turn, seconds),
+The defaults come from CPU sweeps (benchmarks/results/train_learning_h200/attempts/cpu_sweeps_2.json):
+every round holds all 8 training tasks x 8 episodes, so a round's mean reward varies only by sampling
+(the control's round-to-round std 0.09, against 0.35 at 2 tasks a step, when which tasks a step drew
+moved the mean more than learning did), and each batch is trained on 4 times with Adam 3e-4
+(evaluation dominates a round, so the extra updates cost little): on the CPU the trained arm went
+from 0.44 to about 0.65 within 3-5 rounds against a control at 0.37 (`learned` at 10, 13, 15, 20 and
+25 rounds). A round evaluates 128 programs (64 episodes x 2 turns; identical programs build and run
+once), about 2.6 times a 16-episode step on the CPU, so the H200's 380 s hold fewer rounds than its
+~25 steps at 2 tasks x 8: about 10-15 (an estimate, not yet measured there).
+
+Writes under `--out`: `<arm>/steps.json` (rewritten after every round: per round mean reward, pass
+rate, faster-than-eager and faster-than-compile shares, overall and after each turn, seconds, the
+optimiser steps it ran),
 `<arm>.json` (settings, warm start, steps, held-out score table with `mode=score`, times) and the
 trainer's logs under `<arm>/run/` (weights and checkpoints removed). `--summarize DIR` reads
 `trained.json` and `control.json` there and writes `summary.json`: `trained_first_reward`,
 `trained_last_reward`, `control_first_reward`, `control_last_reward` (mean reward over the first and
-last `--window` steps of the steps both arms ran), `control_step_std` (the control's step-to-step
-standard deviation), `learned` (the trained arm's last steps above its first and above the control's
+last `--window` rounds of the rounds both arms ran), `control_step_std` (the control's round-to-round
+standard deviation), `learned` (the trained arm's last rounds above its first and above the control's
 by more than that spread) and both held-out tables. On the CPU it runs as is (C++ programs).
 """
 
@@ -329,8 +345,9 @@ def parse(argv: list[str] | None = None):
                    help="best (default): a sampled revision can break a correct first program (the warm start "
                         "writes the program again after feedback about 3 times in 4); the best turn keeps the first turn's signal")
     p.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO group)")
-    p.add_argument("--tasks-per-step", type=int, default=2)
-    p.add_argument("--num-iterations", type=int, default=1, help="TRL's num_iterations (GRPO's mu): optimiser "
+    p.add_argument("--tasks-per-step", type=int, default=8, help="tasks a generation round (default: every one "
+                   "of the --limit-tasks 8, so a round's mean reward does not move with which tasks it drew)")
+    p.add_argument("--num-iterations", type=int, default=4, help="TRL's num_iterations (GRPO's mu): optimiser "
                    "steps on each generated batch (the clipped ratio keeps them near the sampling policy); --steps "
                    "and the step table count generation rounds, TRL's global_step counts optimiser steps")
     p.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"],
@@ -338,8 +355,9 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--max-completion-length", type=int, default=160, help="tokens per turn")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate (0: the control). Adam at 1e-3 and up "
-                   "undoes the warm start faster than GRPO's signal builds (CPU sweeps: "
-                   "benchmarks/results/train_learning_h200/attempts/cpu_sweeps.json)")
+                   "undoes the warm start faster than GRPO's signal builds at 2 tasks a step (CPU sweeps: "
+                   "benchmarks/results/train_learning_h200/attempts/cpu_sweeps.json); at 8 tasks x 8 and 4 "
+                   "iterations 6e-4 learned no faster than 3e-4 (cpu_sweeps_2.json)")
     p.add_argument("--control", action="store_true", help="the control arm: learning_rate=0")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up (Adam's first steps "
                    "move every weight by about the learning rate: at 1e-3 and up they undo the warm start)")
@@ -356,7 +374,7 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--score-samples", type=int, default=1)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--summarize", default=None, help="write summary.json from trained.json and control.json in DIR")
-    p.add_argument("--window", type=int, default=3, help="steps averaged at each end (--summarize)")
+    p.add_argument("--window", type=int, default=3, help="rounds averaged at each end (--summarize)")
     args = p.parse_args(argv)
     if args.control:
         args.lr = 0.0

@@ -85,3 +85,17 @@ def test_step_table_has_one_row_per_generation_round(tmp_path):
     assert [(r["round"], r["step"], r["reward"], r["updates"], r["round_s"]) for r in table] == \
         [(1, 1, 0.5, 2, 10.5), (2, 3, 0.25, 2, 8.25)]
     assert table[1]["reasons"] == {"syntax_error": 1}
+
+
+def test_default_rounds_hold_every_training_task_and_train_each_batch_four_times(tmp_path):
+    """The defaults the H200 calls run with (cpu_sweeps_2.json): every one of the 8 training tasks
+    x 8 episodes each round (a round's mean does not move with which tasks it drew), 4 optimiser
+    steps per round; --steps counts rounds."""
+    from opsynth.train.trainer import grpo_config
+
+    bench = _bench()
+    args = bench.parse([])
+    assert args.tasks_per_step == args.limit_tasks == 8 and (args.window, args.budget_s) == (3, 380.0)
+    cfg = grpo_config(bench.train_settings(args, str(tmp_path / "t"), str(tmp_path / "r"), {}), use_cpu=True)
+    assert (cfg.per_device_train_batch_size, cfg.num_generations, cfg.num_iterations) == (64, 8, 4)
+    assert (cfg.max_steps, cfg.learning_rate, cfg.loss_type, cfg.beta) == (args.steps * 4, 3e-4, "grpo", 0.0)
