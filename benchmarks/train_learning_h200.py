@@ -26,13 +26,15 @@ seeds, round count and evaluation budget).
 
 The defaults come from CPU sweeps (benchmarks/results/train_learning_h200/attempts/cpu_sweeps_2.json):
 every round holds all 8 training tasks x 8 episodes, so a round's mean reward varies only by sampling
-(the control's round-to-round std 0.09, against 0.35 at 2 tasks a step, when which tasks a step drew
-moved the mean more than learning did), and each batch is trained on 4 times with Adam 3e-4
-(evaluation dominates a round, so the extra updates cost little): on the CPU the trained arm went
-from 0.44 to about 0.65 within 3-5 rounds against a control at 0.37 (`learned` at 10, 13, 15, 20 and
-25 rounds). A round evaluates 128 programs (64 episodes x 2 turns; identical programs build and run
-once), about 2.6 times a 16-episode step on the CPU, so the H200's 380 s hold fewer rounds than its
-~25 steps at 2 tasks x 8: about 10-15 (an estimate, not yet measured there).
+(the control's round-to-round std 0.09, against 0.35 at 2 tasks a step in cpu_sweeps.json, where which
+tasks a step drew moved the mean more than learning did), and each batch is trained on 4 times with Adam 3e-4
+(evaluation dominates a round, so the extra updates cost little). On the CPU the trained arm rose
+within 3-5 rounds and then held: rounds 4-15 averaged 0.62 against the control's 0.37 (seed 0;
+`learned` cut at 10, 13, 15, 20 or 25 rounds) and 0.53 against 0.45 (seed 1; `learned` at 10, 12 and
+15 rounds, not at 13): a margin of one to a few of the control's std, so likely, not sure. A round
+evaluates 128 programs (64 episodes x 2 turns; identical programs build and run once), about 2.6
+times a 16-episode step on the CPU, so the H200's 380 s hold fewer rounds than its ~25 steps at 2
+tasks x 8: about 10-15 (an estimate, not yet measured there).
 
 Writes under `--out`: `<arm>/steps.json` (rewritten after every round: per round mean reward, pass
 rate, faster-than-eager and faster-than-compile shares, overall and after each turn, seconds, the

@@ -25,11 +25,13 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
     trained = bench.main(common)
     control = bench.main(common + ["--control"])
     assert trained["ok"] and control["ok"] and trained["settings"]["lr"] > 0 and control["settings"]["lr"] == 0
+    assert trained["global_step"] == control["global_step"] == 4  # --steps 1 round x --num-iterations 4
     assert trained["tasks"] == control["tasks"] and trained["tasks"]["train"] > 0  # the same tasks
     assert trained["warm_start"]["examples"] == trained["tasks"]["trained_on"] > 0  # every training task's program
     for arm in ("trained", "control"):
         steps = json.loads((tmp_path / arm / "steps.json").read_text())
-        assert [s["step"] for s in steps] == [1]
+        # one generation round, trained on for the default 4 optimiser steps (TRL's num_iterations)
+        assert [(s["round"], s["step"], s["updates"]) for s in steps] == [(1, 1, 4)]
         assert sum(steps[0]["reasons"].values()) >= 2, steps[0]  # each episode's verdicts, by reason
         assert {"reward", "pass_rate", "faster_than_eager", "faster_than_compile", "reward_after_turn",
                 "faster_than_compile_after_turn"} <= set(steps[0]) and len(steps[0]["reward_after_turn"]) == 2
