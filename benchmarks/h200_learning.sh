@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One H200 device call per arm of benchmarks/train_learning_h200.py (each about 9 minutes, < 9.5):
+# One H200 device call per arm of benchmarks/train_learning_h200.py (each about 9 minutes, < 9.5: warm
+# start ~60-90 s, 380 s of generation rounds (8 tasks x 8 episodes x 2 turns each, 4 optimiser steps
+# per round; the first round also measures the 8 tasks' baselines), then two scorings ~85 s):
 #   here:   bash benchmarks/device_wheels.sh && bash benchmarks/device_tools.sh
 #   device: run(command="bash benchmarks/h200_learning.sh trained", carry=[".whl", ".tools"], timeout_s=600)
 #           run(command="bash benchmarks/h200_learning.sh control", carry=[".whl", ".tools"], timeout_s=600)

@@ -13,20 +13,38 @@ renderer (`--sample-seeds`, not verified: the reward runs each reference anyway)
 smoke policy's warm start can write a program for (`--tasks lowerable`; on the others every episode
 scores -1 and GRPO has nothing to compare), split by the task-id hash into training and held-out
 tasks (`--heldout-fraction`), the first `--limit-tasks` training tasks trained on (so each recurs
-within the steps). The policy is the smoke policy warm-started on every one of those tasks' program (`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
-temperature writes them with probability `--warm-start-rate`; then GRPO, `--turns` turns an
-episode (scored by its best turn: a sampled revision that breaks a correct first program would otherwise erase the first turn's signal), `--tasks-per-step` tasks x `--num-generations` episodes a step, for `--steps` steps or
-until `--budget-s` has passed (the step in progress finishes). The control is the same run with
-learning_rate=0 (the same warm start, tasks, seeds, step count and evaluation budget).
+within the rounds). The policy is the smoke policy warm-started on every one of those tasks' program
+(`policy.smoke.warm_start_tasks=null`, with size variants) until sampling at the trainer's
+temperature writes them with probability `--warm-start-rate`; then GRPO, `--turns` turns an episode
+(scored by its best turn: a sampled revision that breaks a correct first program would otherwise
+erase the first turn's signal), in generation rounds of `--tasks-per-step` tasks x
+`--num-generations` episodes, each batch trained on for `--num-iterations` optimiser steps (TRL's
+num_iterations, GRPO's mu, with the clipped ratio; TRL's global_step counts those steps, the step
+table counts rounds), for `--steps` rounds or until `--budget-s` has passed (the optimiser step in
+progress finishes). The control is the same run with learning_rate=0 (the same warm start, tasks,
+seeds, round count and evaluation budget).
 
-Writes under `--out`: `<arm>/steps.json` (rewritten after every step: per step mean reward, pass
-rate, faster-than-eager and faster-than-compile shares, overall and after each turn, seconds),
+The defaults come from CPU sweeps (benchmarks/results/train_learning_h200/attempts/cpu_sweeps_2.json):
+every round holds all 8 training tasks x 8 episodes, so a round's mean reward varies only by sampling
+(the control's round-to-round std 0.09, against 0.35 at 2 tasks a step in cpu_sweeps.json, where which
+tasks a step drew moved the mean more than learning did), and each batch is trained on 4 times with Adam 3e-4
+(evaluation dominates a round, so the extra updates cost little). On the CPU the trained arm rose
+within 3-5 rounds and then held: rounds 4-15 averaged 0.62 against the control's 0.37 (seed 0;
+`learned` cut at 10, 13, 15, 20 or 25 rounds) and 0.53 against 0.45 (seed 1; `learned` at 10, 12 and
+15 rounds, not at 13): a margin of one to a few of the control's std, so likely, not sure. A round
+evaluates 128 programs (64 episodes x 2 turns; identical programs build and run once), about 2.6
+times a 16-episode step on the CPU, so the H200's 380 s hold fewer rounds than its ~25 steps at 2
+tasks x 8: about 10-15 (an estimate, not yet measured there).
+
+Writes under `--out`: `<arm>/steps.json` (rewritten after every round: per round mean reward, pass
+rate, faster-than-eager and faster-than-compile shares, overall and after each turn, seconds, the
+optimiser steps it ran),
 `<arm>.json` (settings, warm start, steps, held-out score table with `mode=score`, times) and the
 trainer's logs under `<arm>/run/` (weights and checkpoints removed). `--summarize DIR` reads
 `trained.json` and `control.json` there and writes `summary.json`: `trained_first_reward`,
 `trained_last_reward`, `control_first_reward`, `control_last_reward` (mean reward over the first and
-last `--window` steps of the steps both arms ran), `control_step_std` (the control's step-to-step
-standard deviation), `learned` (the trained arm's last steps above its first and above the control's
+last `--window` rounds of the rounds both arms ran), `control_step_std` (the control's round-to-round
+standard deviation), `learned` (the trained arm's last rounds above its first and above the control's
 by more than that spread) and both held-out tables. On the CPU it runs as is (C++ programs).
 """
 
@@ -115,10 +133,14 @@ def read_steps(run_dir: str, turns: int) -> list[dict]:
         reasons[e.get("step")][e.get("reason") or "ok"] += 1
     rows = []
     for m in _jsonl(os.path.join(run_dir, "metrics.jsonl")):
-        if "reward" in m:
-            row = step_row(m, rollouts.get(m["step"], {}), turns)
+        if "reward" in m:  # logged by the optimiser step that generated: the first of its round
+            row = {"round": len(rows) + 1, **step_row(m, rollouts.get(m["step"], {}), turns)}
             row["reasons"] = dict(reasons.get(m["step"], {}))
+            row["updates"], row["round_s"] = 0, 0.0
             rows.append(row)
+        if rows and "step_time" in m:  # TRL's time of each optimiser step (generation included)
+            rows[-1]["updates"] += 1
+            rows[-1]["round_s"] = round(rows[-1]["round_s"] + float(m["step_time"]), 3)
     return rows
 
 
@@ -142,6 +164,32 @@ def _write(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+def train_settings(args, tasks_dir: str, run_dir: str, reward_env: dict):
+    """The trainer's settings for one arm (the control differs only in its learning rate)."""
+    from opsynth.train.policy import PolicyConfig, SmokePolicyConfig
+    from opsynth.train.trainer import TrainSettings
+
+    smoke = SmokePolicyConfig(warm_start_tasks=None, warm_start_rate=args.warm_start_rate,
+                              warm_start_size_variants=args.size_variants, warm_start_steps=args.warm_start_steps,
+                              seed=args.seed)
+    return TrainSettings(
+        shards=tasks_dir, output_dir=run_dir, split="train", heldout_fraction=args.heldout_fraction, seed=args.seed,
+        limit_tasks=args.limit_tasks or None,
+        policy=PolicyConfig(name_or_path="smoke", dtype="float32", chat=False, smoke=smoke),
+        reward_workers=args.reward_workers, reward_env=reward_env, turns=args.turns, episode_reward=args.episode_reward,
+        gradient_checkpointing=False,
+        # --steps counts generation rounds; each is --num-iterations optimiser steps (TRL's global_step).
+        trainer=dict(steps=args.steps * args.num_iterations, num_iterations=args.num_iterations,
+                     scale_rewards=args.scale_rewards, learning_rate=args.lr, beta=0.0,
+                     num_generations=args.num_generations,
+                     per_device_train_batch_size=args.num_generations * args.tasks_per_step,
+                     max_completion_length=args.max_completion_length, temperature=args.temperature,
+                     save_steps=10_000, loss_type=args.loss_type, optim=args.optim, bf16=False,
+                     lr_scheduler_type="constant_with_warmup" if args.warmup_steps else "constant",
+                     warmup_steps=args.warmup_steps),
+    )
+
+
 def run_arm(args) -> dict:
     """One arm: warm start, GRPO (learning rate `--lr`, 0 for the control), held-out scoring."""
     import torch
@@ -149,9 +197,8 @@ def run_arm(args) -> dict:
     import trl
 
     from opsynth.reward.eval_types import RewardConfig
-    from opsynth.train.policy import PolicyConfig, SmokePolicyConfig
     from opsynth.train.score import ScoreSettings, run_settings
-    from opsynth.train.trainer import TrainSettings, train
+    from opsynth.train.trainer import train
 
     arm = "control" if args.lr == 0 else "trained"
     device = _device()
@@ -166,22 +213,7 @@ def run_arm(args) -> dict:
     report["tasks"] = build_tasks(args, tasks_dir)
     print(f"[bench] {arm}: tasks {report['tasks']}", flush=True)
     reward_env = {"cpu_threads": 1} if not on_gpu else {}
-    smoke = SmokePolicyConfig(warm_start_tasks=None, warm_start_rate=args.warm_start_rate,
-                              warm_start_size_variants=args.size_variants, warm_start_steps=args.warm_start_steps,
-                              seed=args.seed)
-    settings = TrainSettings(
-        shards=tasks_dir, output_dir=run_dir, split="train", heldout_fraction=args.heldout_fraction, seed=args.seed,
-        limit_tasks=args.limit_tasks or None,
-        policy=PolicyConfig(name_or_path="smoke", dtype="float32", chat=False, smoke=smoke),
-        reward_workers=args.reward_workers, reward_env=reward_env, turns=args.turns, episode_reward=args.episode_reward,
-        gradient_checkpointing=False,
-        trainer=dict(steps=args.steps, learning_rate=args.lr, beta=0.0, num_generations=args.num_generations,
-                     per_device_train_batch_size=args.num_generations * args.tasks_per_step,
-                     max_completion_length=args.max_completion_length, temperature=args.temperature,
-                     save_steps=10_000, loss_type=args.loss_type, optim=args.optim, bf16=False,
-                     lr_scheduler_type="constant_with_warmup" if args.warmup_steps else "constant",
-                     warmup_steps=args.warmup_steps),
-    )
+    settings = train_settings(args, tasks_dir, run_dir, reward_env)
     try:
         result = train(settings, callbacks=_callbacks(args.budget_s, run_dir, steps_path, args.turns))
         report.update(ok=True, global_step=result.get("global_step"), evaluations=result.get("evaluations"),
@@ -237,11 +269,12 @@ def _fmt(v, spec=".2f"):
 def _print_arm(report: dict) -> None:
     print(f"\n{report['arm']} on {report['device']}: {report['tasks']['trained_on']} training tasks, "
           f"{report['tasks']['heldout']} held out; warm start {report.get('warm_start')}")
-    print(f"{'step':>4} {'reward':>7} {'pass':>5} {'>eager':>6} {'>comp':>6}  {'reward after turn':<18} {'step s':>7}")
+    print(f"{'round':>5} {'step':>4} {'reward':>7} {'pass':>5} {'>eager':>6} {'>comp':>6}  {'reward after turn':<18} "
+          f"{'round s':>7}")
     for r in report["steps"]:
-        print(f"{r['step']:>4} {_fmt(r['reward']):>7} {_fmt(r['pass_rate']):>5} {_fmt(r['faster_than_eager']):>6} "
-              f"{_fmt(r['faster_than_compile']):>6}  {' '.join(_fmt(x) for x in r['reward_after_turn']):<18} "
-              f"{_fmt(r['step_s'], '.1f'):>7}")
+        print(f"{r.get('round', '-'):>5} {r['step']:>4} {_fmt(r['reward']):>7} {_fmt(r['pass_rate']):>5} "
+              f"{_fmt(r['faster_than_eager']):>6} {_fmt(r['faster_than_compile']):>6}  "
+              f"{' '.join(_fmt(x) for x in r['reward_after_turn']):<18} {_fmt(r.get('round_s', r['step_s']), '.1f'):>7}")
     for key, label in (("heldout", "held-out"), ("trained_tasks", "trained tasks, greedy")):
         h = report.get(key) or {}
         if "reward_mean" in h:
@@ -307,19 +340,26 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--heldout-fraction", type=float, default=0.15)
     p.add_argument("--limit-tasks", type=int, default=8,
                    help="train (and warm-start) on the first N training tasks, so each recurs in the steps (0: all)")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=60, help="generation rounds at most (each --num-iterations optimiser steps)")
     p.add_argument("--budget-s", type=float, default=380.0, help="training stops after the step that ends past this")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--episode-reward", default="best", choices=["last", "best", "discounted"],
                    help="best (default): a sampled revision can break a correct first program (the warm start "
                         "writes the program again after feedback about 3 times in 4); the best turn keeps the first turn's signal")
     p.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO group)")
-    p.add_argument("--tasks-per-step", type=int, default=2)
+    p.add_argument("--tasks-per-step", type=int, default=8, help="tasks a generation round (default: every one "
+                   "of the --limit-tasks 8, so a round's mean reward does not move with which tasks it drew)")
+    p.add_argument("--num-iterations", type=int, default=4, help="TRL's num_iterations (GRPO's mu): optimiser "
+                   "steps on each generated batch (the clipped ratio keeps them near the sampling policy); --steps "
+                   "and the step table count generation rounds, TRL's global_step counts optimiser steps")
+    p.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"],
+                   help="TRL's scale_rewards: advantages divided by the group's reward std, the batch's, or not")
     p.add_argument("--max-completion-length", type=int, default=160, help="tokens per turn")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate (0: the control). Adam at 1e-3 and up "
-                   "undoes the warm start faster than GRPO's signal builds (CPU sweeps: "
-                   "benchmarks/results/train_learning_h200/attempts/cpu_sweeps.json)")
+                   "undoes the warm start faster than GRPO's signal builds at 2 tasks a step (CPU sweeps: "
+                   "benchmarks/results/train_learning_h200/attempts/cpu_sweeps.json); at 8 tasks x 8 and 4 "
+                   "iterations 6e-4 learned no faster than 3e-4 (cpu_sweeps_2.json)")
     p.add_argument("--control", action="store_true", help="the control arm: learning_rate=0")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up (Adam's first steps "
                    "move every weight by about the learning rate: at 1e-3 and up they undo the warm start)")
@@ -336,7 +376,7 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--score-samples", type=int, default=1)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--summarize", default=None, help="write summary.json from trained.json and control.json in DIR")
-    p.add_argument("--window", type=int, default=3, help="steps averaged at each end (--summarize)")
+    p.add_argument("--window", type=int, default=3, help="rounds averaged at each end (--summarize)")
     args = p.parse_args(argv)
     if args.control:
         args.lr = 0.0

@@ -25,11 +25,13 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
     trained = bench.main(common)
     control = bench.main(common + ["--control"])
     assert trained["ok"] and control["ok"] and trained["settings"]["lr"] > 0 and control["settings"]["lr"] == 0
+    assert trained["global_step"] == control["global_step"] == 4  # --steps 1 round x --num-iterations 4
     assert trained["tasks"] == control["tasks"] and trained["tasks"]["train"] > 0  # the same tasks
     assert trained["warm_start"]["examples"] == trained["tasks"]["trained_on"] > 0  # every training task's program
     for arm in ("trained", "control"):
         steps = json.loads((tmp_path / arm / "steps.json").read_text())
-        assert [s["step"] for s in steps] == [1]
+        # one generation round, trained on for the default 4 optimiser steps (TRL's num_iterations)
+        assert [(s["round"], s["step"], s["updates"]) for s in steps] == [(1, 1, 4)]
         assert sum(steps[0]["reasons"].values()) >= 2, steps[0]  # each episode's verdicts, by reason
         assert {"reward", "pass_rate", "faster_than_eager", "faster_than_compile", "reward_after_turn",
                 "faster_than_compile_after_turn"} <= set(steps[0]) and len(steps[0]["reward_after_turn"]) == 2
@@ -43,3 +45,59 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
         assert isinstance(summary[key], float), key
     assert summary["same_settings"] and set(summary["heldout"]) == {"trained", "control"}
     assert json.loads((tmp_path / "summary.json").read_text())["steps_compared"] == 1
+
+
+def _bench():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import train_learning_h200 as bench
+
+    return bench
+
+
+def test_num_iterations_and_scale_rewards_reach_grpo_config_and_steps_count_rounds(tmp_path):
+    """--num-iterations is TRL's num_iterations (GRPO's mu) and --steps counts generation rounds, so
+    max_steps (optimiser steps) is their product; the control differs from the trained arm only in its
+    learning rate."""
+    from opsynth.train.trainer import grpo_config
+
+    bench = _bench()
+    argv = ["--num-iterations", "3", "--steps", "5", "--scale-rewards", "none", "--lr", "5e-4"]
+    cfgs = {arm: grpo_config(bench.train_settings(bench.parse(argv + extra), str(tmp_path / "t"), str(tmp_path / arm),
+                                                  {"cpu_threads": 1}), use_cpu=True)
+            for arm, extra in (("trained", []), ("control", ["--control"]))}
+    for cfg in cfgs.values():
+        assert (cfg.num_iterations, cfg.max_steps, cfg.scale_rewards) == (3, 15, "none")
+    assert (cfgs["trained"].learning_rate, cfgs["control"].learning_rate) == (5e-4, 0.0)
+    plain = {k: v for k, v in cfgs["trained"].to_dict().items() if k not in ("learning_rate", "output_dir", "logging_dir")}
+    assert plain == {k: v for k, v in cfgs["control"].to_dict().items() if k not in ("learning_rate", "output_dir", "logging_dir")}
+
+
+def test_step_table_has_one_row_per_generation_round(tmp_path):
+    """With num_iterations=2 TRL logs the reward at the optimiser step that generated (1, 3, ...);
+    the table has one row per round, with its optimiser steps and their summed time."""
+    bench = _bench()
+    rows = [{"step": 1, "reward": 0.5, "kernel/pass_rate": 0.75, "step_time": 10.0, "step_time_s": 10.0},
+            {"step": 2, "loss": 0.1, "step_time": 0.5},
+            {"step": 3, "reward": 0.25, "kernel/pass_rate": 0.625, "step_time": 8.0, "step_time_s": 8.0},
+            {"step": 4, "loss": 0.1, "step_time": 0.25},
+            {"step": 4, "train_runtime": 19.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "evaluations-rank0.jsonl").write_text(json.dumps({"step": 3, "reason": "syntax_error"}) + "\n")
+    table = bench.read_steps(str(tmp_path), turns=2)
+    assert [(r["round"], r["step"], r["reward"], r["updates"], r["round_s"]) for r in table] == \
+        [(1, 1, 0.5, 2, 10.5), (2, 3, 0.25, 2, 8.25)]
+    assert table[1]["reasons"] == {"syntax_error": 1}
+
+
+def test_default_rounds_hold_every_training_task_and_train_each_batch_four_times(tmp_path):
+    """The defaults the H200 calls run with (cpu_sweeps_2.json): every one of the 8 training tasks
+    x 8 episodes each round (a round's mean does not move with which tasks it drew), 4 optimiser
+    steps per round; --steps counts rounds."""
+    from opsynth.train.trainer import grpo_config
+
+    bench = _bench()
+    args = bench.parse([])
+    assert args.tasks_per_step == args.limit_tasks == 8 and (args.window, args.budget_s) == (3, 380.0)
+    cfg = grpo_config(bench.train_settings(args, str(tmp_path / "t"), str(tmp_path / "r"), {}), use_cpu=True)
+    assert (cfg.per_device_train_batch_size, cfg.num_generations, cfg.num_iterations) == (64, 8, 4)
+    assert (cfg.max_steps, cfg.learning_rate, cfg.loss_type, cfg.beta) == (args.steps * 4, 3e-4, "grpo", 0.0)
