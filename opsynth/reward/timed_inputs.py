@@ -234,17 +234,12 @@ def fingerprint(outs: list) -> list[list]:
     """Per output: [projection x (FP_PROJECTIONS + 1), non-finite count, non-finite hash] for
     floating outputs, [exact hash, element count] for integer and bool ones (plain numbers).
     Read on the host in one transfer in the usual case (no NaN or infinity)."""
-    q: dict = {}
-    makes = [_queue_fingerprint(q, o) for o in outs]
-    got = _fetch(q)
-    return [m(got) for m in makes]
+    return fingerprints_and_key(outs, [])[0]
 
 
 def input_key(buffers: list) -> int:
     """An exact hash of the bits of every tensor input: distinct keys, distinct input sets."""
-    q: dict = {}
-    make = _queue_key(q, buffers)
-    return make(_fetch(q))
+    return fingerprints_and_key([], buffers)[1]
 
 
 def fingerprints_and_key(outs: list, buffers: list) -> tuple[list[list], int]:

@@ -233,17 +233,14 @@ class HeldShare:
 
     @contextmanager
     def released(self) -> Iterator[None]:
-        """The share let go for work that must not hold up a timing section (the verifier's
-        torch.compile call, seconds of code generation on the CPU around a few launches), taken
-        again after. No-op for a share held whole or not held."""
-        if self.exclusive or self._cm is None:
-            yield
-            return
-        self._drop()
+        """The share let go while inside (a timing section, `timing`), taken again after. No-op for
+        a share held whole or not held."""
+        dropped = self.let_go()
         try:
             yield
         finally:
-            self._take()
+            if dropped:
+                self.take_again()
 
     @contextmanager
     def timing(self) -> Iterator[None]:

@@ -34,7 +34,6 @@ class CompileAside:
         self._share = None
         self._dropped = False
         self._lock = threading.Lock()
-        self.installed = False
         self.let_go_count = 0
 
     def install(self) -> bool:
@@ -49,7 +48,6 @@ class CompileAside:
             callback_handler.register_start_callback(self._start)
         if self._end not in callback_handler.end_callbacks:
             callback_handler.register_end_callback(self._end)
-        self.installed = True
         return True
 
     def _start(self, *args) -> None:
