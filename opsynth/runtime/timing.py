@@ -21,7 +21,7 @@ import os
 import random
 import statistics
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 
 # The device lock (its folder, its per-GPU file, the flock) lives in the runtime room; re-exported
@@ -54,54 +54,131 @@ def cpu_clock() -> tuple[str, Callable[[], float]]:
     return "wall", time.perf_counter
 
 
-def _settled(times: list[float], rel_tol: float) -> bool:
-    """The middle half of the timings lies within rel_tol of their median (a stable median)."""
+# Confidence of the interval that decides when the verifier's repeats are precise enough (median_ci).
+CI_LEVEL = 0.95
+
+# Why a timing stopped repeating (Timing.stop): its median is precise enough, the repeat cap or the time
+# budget was reached, or its samples lie far outside the caller's band (`far`) so no median can land in it.
+STOPS = ("precise", "cap", "budget", "far_low", "far_high")
+
+
+class Timing(NamedTuple):
+    """One timed median (`timed_median`): milliseconds (times the noise factor, see the module
+    docstring), the timed runs it took, the warm-up runs before them, why the repeats stopped
+    (`STOPS`) and the milliseconds the timed runs themselves summed to."""
+
+    ms: float
+    runs: int
+    warmup: int
+    stop: str
+    spent_ms: float
+
+
+def median_ci(times: list[float], level: float = CI_LEVEL) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the order statistics
+    (x_(j+1), x_(n-j)) for the largest j whose coverage 1 - 2 P(Binomial(n, 1/2) <= j) is at least
+    ``level``; for samples too few to reach it (five at 95 %: 94 %), the whole range."""
     q = sorted(times)
     n = len(q)
-    lo, hi = q[n // 4], q[(3 * n - 1) // 4]
-    return hi - lo <= rel_tol * statistics.median(q)
+    tail, j = 0.0, 0  # tail: P(B <= k), the mass the interval of k leaves out on one side
+    for k in range(n // 2):
+        tail += math.comb(n, k) / 2**n
+        if 1 - 2 * tail < level:
+            break
+        j = k
+    return q[j], q[n - 1 - j]
 
 
-def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, min_repeats: int,
-              budget_ms: float, rel_tol: float = 0.0) -> tuple[float, int]:
-    """Median milliseconds of ``fn()`` and the number of timed runs. Warm-up runs also estimate
-    the runtime, which caps the repeats at about ``budget_ms`` of timing. With ``rel_tol`` > 0 the
-    repeats stop early, once at least ``min_repeats`` ran and their interquartile range is within
-    ``rel_tol`` of the median (CUDA-event timings of one kernel sequence usually settle at once)."""
+def precise_enough(times: list[float], rel_tol: float, level: float = CI_LEVEL) -> bool:
+    """The median's confidence interval (`median_ci`) reaches no further than ``rel_tol`` of the
+    median on either side."""
+    lo, hi = median_ci(times, level)
+    med = statistics.median(times)
+    return max(med - lo, hi - med) <= rel_tol * med
+
+
+def sample_until(sample: Callable[[], float], repeats: int, min_repeats: int, budget_ms: float,
+                 rel_tol: float = 0.0, far: tuple[float, float] | None = None, far_after: int = 2,
+                 level: float = CI_LEVEL) -> tuple[list[float], str]:
+    """Timed samples (``sample()`` returns one call's milliseconds) until one of, in this order:
+
+    - ``far`` = (low, high) given and the first ``far_after`` samples all read below ``low``
+      ("far_low") or all above ``high`` ("far_high"): the caller's band is out of reach, and it
+      rejects on these samples without the rest (the verifier sets ``far`` a recheck zone beyond
+      its acceptance window, where no task of an in-band median reads: timings read high, not low,
+      and a high one is confirmed by a second);
+    - ``repeats`` samples ("cap");
+    - at least ``min_repeats`` samples and, with ``rel_tol`` > 0, the median's confidence half-width
+      within ``rel_tol`` of it ("precise", `precise_enough`);
+    - at least ``min_repeats`` samples summing to ``budget_ms`` or more ("budget": a slow or noisy
+      task's timing is bounded in time, not only in count).
+
+    The decision reads only the samples: tests drive it with a fake ``sample``."""
+    times: list[float] = []
+    repeats, min_repeats = max(1, repeats), max(1, min(min_repeats, repeats))
+    far_after = max(1, far_after)
+    while True:
+        times.append(float(sample()))
+        n = len(times)
+        if far is not None and n == min(far_after, repeats):
+            if max(times) < far[0]:
+                return times, "far_low"
+            if min(times) > far[1]:
+                return times, "far_high"
+        if n >= repeats:
+            return times, "cap"
+        if n < min_repeats:
+            continue
+        if rel_tol > 0 and precise_enough(times, rel_tol, level):
+            return times, "precise"
+        if sum(times) >= budget_ms:
+            return times, "budget"
+
+
+def timed_median(fn: Callable[[], object], device: str, warmup: int, repeats: int, min_repeats: int,
+                 budget_ms: float, rel_tol: float = 0.0, far: tuple[float, float] | None = None,
+                 far_after: int = 2, clock: Callable[[], float] | None = None) -> Timing:
+    """The verifier's timing of ``fn()``: ``warmup`` untimed calls (at least one: the model ran in
+    the checks already, this one settles the device after the lock changed hands), then timed
+    calls until `sample_until` stops them. On CUDA each call is timed with a pair of events and
+    synchronised on its end event; on CPU with ``clock`` (default `cpu_clock`: thread CPU time when
+    torch runs on one thread). Nothing but the calls and their clock reads runs here: the caller
+    builds ``fn``'s inputs before, and holds the device only around this."""
     import torch
 
     cuda = device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     warmup = max(1, warmup)
-    sync()
-    t0 = time.perf_counter()
+    if cuda:
+        torch.cuda.synchronize()
     for _ in range(warmup):
         fn()
-    sync()
-    est_ms = (time.perf_counter() - t0) * 1e3 / warmup
-    n = int(budget_ms / max(est_ms, 1e-3))
-    n = max(min_repeats, min(repeats, n))
-    times = []
     if cuda:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        for _ in range(n):
+
+        def sample() -> float:
             start.record()
             fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
-            if rel_tol > 0 and len(times) >= min_repeats and _settled(times, rel_tol):
-                break
+            return start.elapsed_time(end)
     else:
-        clock = cpu_clock()[1]
-        for _ in range(n):
-            t = clock()
+        tick = clock or cpu_clock()[1]
+
+        def sample() -> float:
+            t = tick()
             fn()
-            times.append((clock() - t) * 1e3)
-            if rel_tol > 0 and len(times) >= min_repeats and _settled(times, rel_tol):
-                break
-    return statistics.median(times) * noise_factor(), len(times)
+            return (tick() - t) * 1e3
+
+    times, stop = sample_until(sample, repeats, min_repeats, budget_ms, rel_tol, far, far_after)
+    return Timing(statistics.median(times) * noise_factor(), len(times), warmup, stop, sum(times))
+
+
+def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, min_repeats: int,
+              budget_ms: float, rel_tol: float = 0.0) -> tuple[float, int]:
+    """Median milliseconds of ``fn()`` and the number of timed runs (`timed_median` without a band)."""
+    t = timed_median(fn, device, warmup, repeats, min_repeats, budget_ms, rel_tol)
+    return t.ms, t.runs
 
 
 # ---- the reward's timed forward ----------------------------------------------------------------------

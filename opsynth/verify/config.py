@@ -98,15 +98,22 @@ class VerifyConfig:
     det_atol: float = 1e-6
     det_rtol: float = 1e-5
 
-    # Timing: medians over `repeats` runs after `warmup` runs, fewer repeats for slow tasks so one
-    # timing takes about `timing_budget_ms`, but never fewer than `min_repeats`.
-    warmup: int = 3
+    # Timing (opsynth.runtime.timing.timed_median, while the worker holds the device alone): `warmup`
+    # untimed calls (the checks have run the model already: one settles the device after the lock
+    # changed hands), then timed calls until the median is precise enough, `timing_rel_tol`: its
+    # distribution-free 95 % confidence interval (order statistics) within that share of it on either
+    # side, after at least `min_repeats` runs (five CUDA-event timings of a steady task usually agree
+    # within 1 %); a noisy task's repeats stop at `repeats`, or once the timed runs sum to
+    # `timing_budget_ms` (after `min_repeats`). timing_rel_tol 0: no precision stop (the cap or the budget).
+    warmup: int = 1
     repeats: int = 20
     min_repeats: int = 5
     timing_budget_ms: float = 1000.0
-    # Stop repeating once min_repeats ran and their interquartile range is within this share of the
-    # median (0: always run the full count). Saves device time on stable GPU timings.
-    timing_rel_tol: float = 0.0
+    timing_rel_tol: float = 0.02
+    # An eager timing whose first `far_samples` runs all read beyond the recheck zone of the acceptance
+    # window (below its low edge / recheck_zone, above its high edge * recheck_zone) stops there: the row
+    # is rejected (too_fast / too_slow) whatever more runs would say. 0: every timing runs to its stop.
+    far_samples: int = 2
     # Serialise timing across all workers (and pools) on one device with a file lock.
     # CUDA: a timed call waits until no other worker's checks run on the device, and none start
     # meanwhile (the request's memory share let go for an exclusive timing section); off: only
@@ -184,6 +191,9 @@ class VerifyConfig:
         for name in ("edge_margin", "edge_margin_low"):
             if not 0 <= getattr(self, name) < 0.5:
                 raise ValueError(f"verify.{name} must be in [0, 0.5), got {getattr(self, name)}")
+        if self.timing_rel_tol < 0 or self.far_samples < 0:
+            raise ValueError(f"verify.timing_rel_tol and verify.far_samples must be >= 0, got {self.timing_rel_tol} "
+                             f"and {self.far_samples}")
         if self.recheck_zone < 1 or self.recheck_timings < 1:
             raise ValueError("verify.recheck_zone must be >= 1 and verify.recheck_timings >= 1")
         for dev in ("cpu", "cuda"):

@@ -467,7 +467,7 @@ class WorkerPool:
                             torch_version=self.torch_version, elapsed_s=elapsed,
                             stage_s=stage_seconds(replies or [], elapsed), gpu_sections=gpu_sections(replies or []),
                             device_sections=device_sections(replies or []),
-                            **kw)
+                            timed=[t for _, rep in replies or () for t in rep.get("timed") or ()], **kw)
 
     def _verify_task(self, index: int, source: str) -> VerifyResult:
         t0 = time.monotonic()

@@ -32,7 +32,7 @@ from . import protocol
 from .compile_aside import CompileAside
 from .config import CUDA_USABLE, VerifyConfig
 from opsynth.runtime.device_lock import HeldShare
-from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, median_ms
+from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, timed_median
 
 # Reasons after which the worker's state cannot be trusted (a poisoned CUDA context, a task that
 # meant to exit, a verifier bug): the parent replaces the worker. A failed allocation leaves the
@@ -150,6 +150,7 @@ class Worker:
         # the processes of one host), kinds "checks", "compile", "timing"; and the lock wait.
         self.sections: list[list] = []
         self.lock_wait_s = 0.0
+        self.timed: list[dict] = []  # each timing of this request: runs, why it stopped (the reply's `timed`)
         self._compiling = False
         self._aside = CompileAside()
         if cfg.preload_compiler:  # once per worker, rather than inside the first task's timeout
@@ -225,9 +226,12 @@ class Worker:
         return {"on_wait": lambda: protocol.send(self.resp_fd, {"event": "pause", "kind": "lock"}),
                 "on_acquired": lambda: protocol.send(self.resp_fd, {"event": "resume"})}
 
-    def _time(self, fn, since: float) -> tuple[float, int]:
-        """Median of ``fn``; the time from ``since`` to here is recorded as the request's checks
-        (or compile) section, the timed runs as its timing section."""
+    def _time(self, fn, since: float, far: tuple[float, float] | None = None) -> tuple[float, int]:
+        """Median of ``fn`` and its timed runs (`opsynth.runtime.timing.timed_median`: repeats stop
+        once the median is precise to ``timing_rel_tol``, or at the cap or the time budget; with
+        ``far``, after ``far_samples`` that all read beyond it). The time from ``since`` to here is
+        recorded as the request's checks (or compile) section, the timed runs as its timing section,
+        and what the timing took in ``self.timed`` (the reply's ``timed``)."""
         c = self.cfg
         asked = time.time()
         self.sections.append(["compile" if self._compiling else "checks", since, asked])
@@ -235,24 +239,30 @@ class Worker:
             start = time.time()
             self.lock_wait_s += start - asked
             try:
-                return median_ms(fn, self.device, c.warmup, c.repeats, c.min_repeats, c.timing_budget_ms,
-                                 c.timing_rel_tol)
+                t = timed_median(fn, self.device, c.warmup, c.repeats, c.min_repeats, c.timing_budget_ms,
+                                 c.timing_rel_tol, far if c.far_samples > 0 else None, c.far_samples)
             finally:
                 self.sections.append(["timing", start, time.time()])
+        self.timed.append({"op": "compile" if self._compiling else "eager", "ms": t.ms, "runs": t.runs,
+                           "warmup": t.warmup, "stop": t.stop, "spent_ms": round(t.spent_ms, 3)})
+        return t.ms, t.runs
 
     def _time_eager(self, fn, since: float) -> tuple[float, int, list[float]]:
         """The eager median; one that lands within ``recheck_zone`` of an edge of the acceptance
         window is timed again, ``recheck_timings`` timings in all, and their median is the answer
-        (one unlucky timing does not decide a row near an edge)."""
+        (one unlucky timing does not decide a row near an edge). Beyond that zone the row is
+        rejected whatever the median's precision, so a timing whose first samples all read there
+        stops on them (`_time`'s ``far``; not with ``check_band`` off)."""
         import statistics
 
-        t, n = self._time(fn, since)
-        timings = [t]
         lo, hi = self.cfg.accept_window(self.device)
         z = self.cfg.recheck_zone
+        far = (lo / z, hi * z) if self.cfg.check_band else None
+        t, n = self._time(fn, since, far=far)
+        timings = [t]
         if lo / z <= t <= lo * z or hi / z <= t <= hi * z:
             for _ in range(self.cfg.recheck_timings - 1):
-                timings.append(self._time(fn, time.time())[0])
+                timings.append(self._time(fn, time.time(), far=far)[0])
         return statistics.median(timings), n, timings
 
     # --- requests -------------------------------------------------------------------------------
@@ -434,6 +444,7 @@ class Worker:
         op = msg.get("op")
         reply: dict[str, Any]
         self.sections, self.lock_wait_s, self._compiling = [], 0.0, op == "compile"
+        self.timed = []
         self._share = None  # memory_share sets it for this request
         started = time.time()
         try:
@@ -463,7 +474,7 @@ class Worker:
             self._frozen_after_compile = True
             _freeze_survivors()
         self.sections.append(["cleanup", t_clean, time.time()])
-        reply["sections"], reply["lock_wait_s"] = self.sections, self.lock_wait_s
+        reply["sections"], reply["lock_wait_s"], reply["timed"] = self.sections, self.lock_wait_s, self.timed
         reply["event"] = "reply"
         return reply
 

@@ -50,3 +50,11 @@ def test_protocol_round_trip_with_partial_reads():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_timing_settings_of_the_gpu_config_and_their_checks():
+    cfg = VerifyConfig.from_dict(yaml.safe_load((CONF / "cuda.yaml").read_text()))
+    assert (cfg.warmup, cfg.repeats, cfg.min_repeats, cfg.timing_rel_tol, cfg.far_samples) == (1, 20, 5, 0.02, 2)
+    for bad in ({"timing_rel_tol": -0.01}, {"far_samples": -1}):
+        with pytest.raises(ValueError, match="timing_rel_tol and verify.far_samples"):
+            VerifyConfig(**bad)

@@ -45,13 +45,11 @@ def test_union_of_overlapping_sections():
 
 
 def test_timed_repeats_stop_early_only_when_asked():
-    from opsynth.runtime.timing import _settled, median_ms
+    from opsynth.runtime.timing import median_ms
 
     def fn():
         sum(range(1000))
 
     _, n_full = median_ms(fn, "cpu", warmup=1, repeats=12, min_repeats=4, budget_ms=1e9)
     _, n_early = median_ms(fn, "cpu", warmup=1, repeats=12, min_repeats=4, budget_ms=1e9, rel_tol=10.0)
-    assert n_full == 12 and n_early == 4
-    assert _settled([1.0, 1.01, 0.99, 1.0, 5.0], 0.05)      # one outlier outside the middle half
-    assert not _settled([1.0, 1.3, 0.7, 1.0, 1.2, 0.8], 0.05)
+    assert n_full == 12 and n_early == 4  # (the stopping rule itself: tests/runtime/test_timing_repeats.py)
