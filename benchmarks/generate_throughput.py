@@ -27,7 +27,10 @@ them). It reports:
   sections, per device; on CPU the verifier workers' share); then the physical minimum: the device
   seconds per accepted row the timed runs need (they hold the device alone: a hard floor) and the
   checks and timing together need (each run alone), the accepted/min each floor allows, and how far
-  the sustained wall seconds per accepted row are above them.
+  the sustained wall seconds per accepted row are above them;
+- the timing tally (`timing`, and in the floors): timing seconds per timed candidate, the timed candidates
+  rejected afterwards (by the verifier, by reason; by the committer: duplicates), and per timing its
+  timed and warm-up runs and why its repeats stopped (`opsynth.runtime.timing.STOPS`).
 
 The baseline verifies one candidate at a time, each in a fresh `python -m opsynth.verify` process
 (torch import, CUDA start, compile from the shared inductor cache), over the same sampler and
@@ -160,6 +163,7 @@ def window_child(spec: dict) -> int:
     stop = threading.Event()
     lock = threading.Lock()
     recs = {"n": 0, "verified": 0, "first_t": None, "sections": {}, "kinds": {}, "reasons": {}}
+    tally = TimingTally()
     machine = MachineSampler(spec["device"]).start()
     t0 = PROCESS_T0
     t_stop = [None]
@@ -171,7 +175,8 @@ def window_child(spec: dict) -> int:
             d = {"partial": not final, "gpus_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
                  "window_s": seconds, "wall_s": round(wall, 2), "records": recs["n"],
                  "verifier_accepted": recs["verified"], "reasons_seen": dict(recs["reasons"]),
-                 "first_result_s": round(recs["first_t"] - t0, 2) if recs["first_t"] else None}
+                 "first_result_s": round(recs["first_t"] - t0, 2) if recs["first_t"] else None,
+                 "timing": tally.summary(summary["accepted"] if summary is not None else None)}
             busy = {str(g): union_seconds(iv, t0, now) / wall for g, iv in recs["sections"].items()} if wall > 0 else {}
             first = recs["first_t"]
             sustained = now - first if first else 0.0
@@ -230,6 +235,7 @@ def window_child(spec: dict) -> int:
             recs["n"] += 1
             recs["first_t"] = recs["first_t"] or now
             recs["verified"] += bool(rec.get("accepted"))
+            tally.add(rec)
             r = rec.get("reason") or "accepted"
             recs["reasons"][r] = recs["reasons"].get(r, 0) + 1
             gpu = rec.get("gpu") if rec.get("gpu") is not None else 0
@@ -294,6 +300,72 @@ def window_child(spec: dict) -> int:
     return 0
 
 
+# ---- what the timed runs cost ---------------------------------------------------------------------
+
+class TimingTally:
+    """The timing stage from the candidates' records as they come back: how many candidates were
+    timed, the seconds their timing sections took (held with the device alone), which of them the
+    verifier then rejected (by reason: too_fast, too_slow after the eager timing; compile_* after
+    it too), and per timing (the record's `timed`, opsynth/verify/worker.py) its timed and warm-up
+    runs, the milliseconds the timed runs summed to and why its repeats stopped. Rows the committer
+    drops after the verifier accepted them (semantic, near or exact duplicates) were timed too:
+    `timed_then_rejected` counts them as the timed candidates less the accepted rows (a record back
+    but not yet committed when a window stops counts there as well)."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.timed = 0
+        self.timing_s = 0.0
+        self.verifier_accepted = 0
+        self.rejected: dict[str, list] = {}  # verifier reason -> [candidates, timing seconds]
+        self.ops: dict[str, dict] = {}  # "eager" / "compile" -> timings, runs, warm-up runs, ms timed
+        self.stops: dict[str, int] = {}
+
+    def add(self, rec: dict) -> None:
+        self.records += 1
+        t = float((rec.get("stage_s") or {}).get("timing") or 0.0)
+        if t <= 0:
+            return
+        self.timed += 1
+        self.timing_s += t
+        if rec.get("accepted"):
+            self.verifier_accepted += 1
+        else:
+            r = self.rejected.setdefault(rec.get("reason") or "?", [0, 0.0])
+            r[0] += 1
+            r[1] += t
+        for one in rec.get("timed") or ():
+            o = self.ops.setdefault(one.get("op") or "?", {"timings": 0, "runs": 0, "warmup": 0, "timed_ms": 0.0})
+            o["timings"] += 1
+            o["runs"] += int(one.get("runs") or 0)
+            o["warmup"] += int(one.get("warmup") or 0)
+            o["timed_ms"] += float(one.get("spent_ms") or 0.0)
+            self.stops[one.get("stop") or "?"] = self.stops.get(one.get("stop") or "?", 0) + 1
+
+    def summary(self, accepted: int | None = None) -> dict:
+        rej_n = sum(n for n, _ in self.rejected.values())
+        rej_s = sum(s for _, s in self.rejected.values())
+        out = {"records": self.records, "timed_candidates": self.timed, "timing_s": round(self.timing_s, 2),
+               "timing_s_per_timed_candidate": round(self.timing_s / self.timed, 4) if self.timed else None,
+               "verifier_accepted_timed": self.verifier_accepted,
+               "timed_then_rejected_by_verifier": rej_n,
+               "timed_then_rejected_by_verifier_reasons": {k: v[0] for k, v in sorted(self.rejected.items())},
+               "timing_s_on_verifier_rejected": round(rej_s, 2),
+               "stops": dict(sorted(self.stops.items()))}
+        if accepted is not None:
+            out["timed_then_rejected"] = self.timed - accepted
+            out["timed_then_rejected_after_verifier"] = self.verifier_accepted - accepted
+            out["timing_s_per_accepted"] = round(self.timing_s / accepted, 4) if accepted else None
+        timed_s = sum(o["timed_ms"] for o in self.ops.values()) / 1e3
+        out["timed_runs_s"] = round(timed_s, 3)  # the timed calls alone; the rest is warm-up, syncs, Python
+        out["timed_runs_share_of_timing"] = round(timed_s / self.timing_s, 3) if self.timing_s else None
+        out["per_timing"] = {op: {"timings": o["timings"], "runs_mean": round(o["runs"] / o["timings"], 2),
+                                  "warmup_mean": round(o["warmup"] / o["timings"], 2),
+                                  "timed_ms_mean": round(o["timed_ms"] / o["timings"], 2)}
+                             for op, o in sorted(self.ops.items()) if o["timings"]}
+        return out
+
+
 # ---- floors: how far the sustained rate is from what the device work needs ---------------------------
 
 DEVICE_STAGES = {"eager_checks": "checks", "calibration": "checks", "compile": "compile", "timing": "timing"}
@@ -314,12 +386,20 @@ def floors(d: dict) -> dict:
     timing = ss.get("timing", 0.0) / acc / n_dev
     checks = (ss.get("eager_checks", 0.0) + ss.get("calibration", 0.0)) / acc / n_dev
     wall = (d.get("sustained_s") or d.get("wall_s") or 0.0) / acc
+    tim = d.get("timing") or {}
     out = {"stages": stages, "devices": n_dev,
            "wall_s_per_accepted_sustained": round(wall, 4),
            "timing_floor_s_per_accepted": round(timing, 4),
            "device_floor_s_per_accepted": round(timing + checks, 4),
            "accepted_per_min_at_timing_floor": round(60 / timing, 1) if timing else None,
            "accepted_per_min_at_device_floor": round(60 / (timing + checks), 1) if timing + checks else None,
+           "timing_s_per_timed_candidate": tim.get("timing_s_per_timed_candidate"),
+           "timed_candidates": tim.get("timed_candidates"),
+           "timed_then_rejected": tim.get("timed_then_rejected"),
+           "timed_then_rejected_by_verifier_reasons": tim.get("timed_then_rejected_by_verifier_reasons"),
+           "timed_then_rejected_after_verifier": tim.get("timed_then_rejected_after_verifier"),
+           "timed_runs_per_timing": {op: v["runs_mean"] for op, v in (tim.get("per_timing") or {}).items()},
+           "timing_stops": tim.get("stops"),
            "gap_to_timing_floor": round(wall / timing, 2) if timing else None,
            "gap_to_device_floor": round(wall / (timing + checks), 2) if timing + checks else None,
            "note": "timing floor: the timed runs, which hold the device alone (a hard minimum); device floor: "
@@ -340,6 +420,11 @@ def print_floors(f: dict) -> None:
           f"timing floor {f['timing_floor_s_per_accepted']:.3f} ({f['accepted_per_min_at_timing_floor']}/min, "
           f"gap {f['gap_to_timing_floor']}x); checks + timing floor {f['device_floor_s_per_accepted']:.3f} "
           f"({f['accepted_per_min_at_device_floor']}/min, gap {f['gap_to_device_floor']}x)")
+    if f.get("timed_candidates"):
+        print(f"   timing: {f['timing_s_per_timed_candidate']} s per timed candidate over {f['timed_candidates']}; "
+              f"timed then rejected {f.get('timed_then_rejected')} (verifier "
+              f"{f.get('timed_then_rejected_by_verifier_reasons')}, after it {f.get('timed_then_rejected_after_verifier')}); "
+              f"timed runs per timing {f.get('timed_runs_per_timing')}; stops {f.get('timing_stops')}")
 
 
 # ---- the fresh-process baseline --------------------------------------------------------------------
@@ -562,7 +647,7 @@ def main(argv=None) -> int:
             for k in ("accepted_per_min", "candidates_per_min", "acceptance_rate", "gpu_busy_fraction",
                       "gpu_util_sampled_mean", "cpu_utilisation", "stage_seconds", "stage_seconds_per_accepted",
                       "verified_per_min_steady", "calib_steps_mean", "startup_s", "sustained_s",
-                      "accepted_per_min_sustained", "device_busy_sustained", "floors"):
+                      "accepted_per_min_sustained", "device_busy_sustained", "floors", "timing"):
                 result[k] = first.get(k)
         if a.device == "cuda":
             for g in gpus:

@@ -95,6 +95,7 @@ class Candidate:
         if self.verified is not None:
             rec["gpu_sections"], rec["gpu"] = self.verified.gpu_sections, self.gpu
             rec["device_sections"] = self.verified.device_sections
+            rec["timed"] = self.verified.timed
         if self.accepted:
             rec["calib_steps"] = self.verified.calib_steps
         return rec
