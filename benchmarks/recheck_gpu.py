@@ -5,8 +5,8 @@
 
 Each sampled row's task is loaded (the task contract's loader, ``opsynth.render``) in a *fresh*
 child process that does not use the verifier's code (no worker pool, no timing helpers): the model
-and its inputs are made on the device (``with torch.device(...)``), the eager forward is timed after
-warm-ups, with CUDA events on a GPU (thread CPU time, one thread, on a CPU), and the median of at
+and its inputs are made on the device (``with torch.device(...)``), the model is put in the row's
+train/eval mode (the ``mode`` column, through ``set_mode``), the eager forward is timed after warm-ups, with CUDA events on a GPU (thread CPU time, one thread, on a CPU), and the median of at
 least ``--repeats`` runs is compared with the band the dataset promises. A row passes when it is
 
 * in band: the re-measured median eager time is inside [min_ms, max_ms] (1 to 100 ms on a GPU;
@@ -76,11 +76,13 @@ def _max_diff(a: list, b: list) -> float:
     return worst
 
 
-def check_row(code: str, device: str, warmup: int, repeats: int, tol: dict) -> dict:
-    """Measure one task as the dataset's user would; see the module docstring for what passes."""
+def check_row(code: str, device: str, warmup: int, repeats: int, tol: dict, mode: str | None = None) -> dict:
+    """Measure one task as the dataset's user would, in the row's train/eval mode (``mode`` column:
+    BatchNorm in train mode computes batch statistics and can take 10x its eval time); see the module
+    docstring for what passes."""
     import torch
 
-    from opsynth.render.task_file import load_task_module, missing_names
+    from opsynth.render.task_file import load_task_module, missing_names, set_mode
 
     mod = load_task_module(code, "recheck_task")
     if missing_names(mod):
@@ -88,7 +90,7 @@ def check_row(code: str, device: str, warmup: int, repeats: int, tol: dict) -> d
     torch.manual_seed(0)
     with torch.device(device):
         model = mod.Model(*mod.get_init_inputs())
-    model = model.to(device)
+    model = set_mode(model.to(device), mode)
 
     def inputs(seed: int) -> list:
         torch.manual_seed(seed)
@@ -150,7 +152,7 @@ def child_main(device: str) -> int:
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            res = check_row(req["code"], device, req["warmup"], req["repeats"], req["tol"])
+            res = check_row(req["code"], device, req["warmup"], req["repeats"], req["tol"], req.get("mode"))
         except BaseException as e:  # noqa: BLE001 - a task that fails is a failed row, not a failed run
             res = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         if device == "cuda":
@@ -211,7 +213,7 @@ def read_rows(folder: Path) -> list[dict]:
     sys.path.insert(0, str(REPO))
     from opsynth.shards import read_rows as read
 
-    rows = read(folder, columns=["task_id", "seed", "ops", "code", "eager_ms", "device"])
+    rows = read(folder, columns=["task_id", "seed", "ops", "code", "eager_ms", "device", "mode"])
     if not rows:
         raise SystemExit(f"error: no rows under {folder / 'data'}")
     return rows
@@ -273,12 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n, i in enumerate(picked, 1):
             row = rows[i]
-            res = child.ask({"code": row["code"], "warmup": args.warmup, "repeats": args.repeats, "tol": tol},
+            res = child.ask({"code": row["code"], "mode": row.get("mode"), "warmup": args.warmup,
+                             "repeats": args.repeats, "tol": tol},
                             args.timeout_s)
             if "error" in res and ("child" in res["error"] or "no result" in res["error"]):
                 child.kill()
                 child = Child(args.device, startup_s=300)
-            rec = {"task_id": row["task_id"], "seed": row["seed"], "ops": row["ops"], "row_eager_ms": row["eager_ms"],
+            rec = {"task_id": row["task_id"], "seed": row["seed"], "ops": row["ops"], "mode": row.get("mode"),
+                   "row_eager_ms": row["eager_ms"],
                    "row_device": row["device"], **res}
             if "error" not in res:
                 rec["in_band"] = band[0] <= res["eager_ms"] <= band[1]
