@@ -154,9 +154,9 @@ def _prepare(job) -> types.SimpleNamespace:
     from opsynth.reward import cuda_state as cuda_state_mod
     from opsynth.reward import rounds, timed_inputs
 
-    snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner, rounds, timed_inputs, cuda_state_mod,
-                                                     task_file])
     off = set(job.get("disabled_guards") or ())  # guards switched off, for tests' controls only
+    snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner, rounds, timed_inputs, cuda_state_mod,
+                                                     task_file], class_methods="harness_class_methods" not in off)
     cstate = cuda_state_mod.CudaState() if cuda else None
     if cstate is not None and not cstate.available:
         print("[candidate] no CUDA runtime library in this process: launch-error and persisting-L2 checks are off", flush=True)
@@ -177,18 +177,22 @@ def _prepare(job) -> types.SimpleNamespace:
         kind=kind, task_step=task_step,
         timing=timing, rounds=rounds, timed_inputs=timed_inputs, snapshot=snapshot, off=off, cstate=cstate,
         l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, clone=_clone, sync=_sync,
-        info=info, check_harness=_harness_checker(snapshot, off), model=None, guarded=None,
+        info=info, check_harness=_harness_checker(snapshot, off), hooks_changed=snapshot.hooks_changed, model=None, guarded=None,
         protected=set(), poisoned=set(), reused=[],
     )
 
 
 def _harness_checker(snapshot, off):
-    """A closure made before the candidate runs, so patching this module cannot swap the check out."""
+    """A closure made before the candidate runs, so patching this module cannot swap the check out; and
+    the check bound then too: `snapshot.changed()` looked up at check time is a class attribute that a
+    candidate can rebind to find nothing (tests/reward/candidates/cpu/snapshot_patch.py), and the bound
+    original reports that rebinding."""
+    changed = snapshot.changed
 
     def check_harness(where: str):
         if "harness_snapshot" in off:
             return
-        bad = snapshot.changed()
+        bad = changed()
         if bad:
             raise Reject(bad.split(":")[0], f"{bad} ({where})")
 
@@ -475,7 +479,7 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
         if cstate is not None and "l2_reset" not in off:
             cstate.reset_persisting_l2()
 
-    hooks_changed = ctx.snapshot.hooks_changed
+    hooks_changed = ctx.hooks_changed  # bound before the candidate ran (see _harness_checker)
 
     def check_call(j, outs):
         where = f"timed call {j}"

@@ -35,8 +35,9 @@ def device_env(cfg: "RewardConfig", device: str) -> dict:
 
 
 # Runtime guards a test may switch off (RewardConfig.disabled_guards), to show what each one stops.
-GUARDS = ("fresh_inputs", "poison_outputs", "harness_snapshot", "wall_clock", "physical_floor", "launch_check", "l2_reset",
-          "upcast", "outputs_file")
+# "harness_class_methods" is the class-method part of "harness_snapshot" (guards.HarnessSnapshot's class_methods).
+GUARDS = ("fresh_inputs", "poison_outputs", "harness_snapshot", "harness_class_methods", "wall_clock", "physical_floor",
+          "launch_check", "l2_reset", "upcast", "outputs_file")
 
 
 @dataclass

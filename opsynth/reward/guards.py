@@ -301,19 +301,41 @@ def _class_methods(owner, label: str, depth: int = 0):
             yield from _class_methods(v, f"{label}.{n}", depth + 1)
 
 
+def _classes(owner, label: str, depth: int = 0):
+    """(class, label) of the classes defined in a module (or nested in them), as `_class_methods`
+    walks them."""
+    home = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
+    for n, v in list(vars(owner).items()):
+        if isinstance(v, type) and depth < 2 and v.__module__ == home:
+            yield v, f"{label}.{n}"
+            yield from _classes(v, f"{label}.{n}", depth + 1)
+
+
 class HarnessSnapshot:
     """Identities of the functions the harness relies on; any change means the candidate patched one.
 
     Also what those functions run: the code objects of every Python function in the harness's
     modules, of the timers written in Python (torch.cuda.synchronize, Event.elapsed_time, statistics)
-    and of nn.Module's call path; and the C function pointers behind builtin timers (time.perf_counter)."""
+    and of nn.Module's call path; and the C function pointers behind builtin timers (time.perf_counter).
 
-    def __init__(self, extra_modules: list = ()):
+    `class_methods` (False only for tests' controls: RewardConfig.disabled_guards "harness_class_methods")
+    is what a harness object's method lookups resolve to: the methods of the classes defined in the
+    harness modules, every attribute of those classes (an added `__getattribute__` bypasses the
+    methods it leaves in place), and the class of each watched instance (`timer.__class__ = Sub`
+    keeps the instance's attributes and Timer's methods as they were).
+
+    Bind `changed` and `hooks_changed` before the candidate runs and call those: looked up on the
+    instance at check time they are class attributes of a harness class like any other, which a
+    candidate can rebind to find nothing (tests/reward/candidates/cpu/snapshot_patch.py)."""
+
+    def __init__(self, extra_modules: list = (), class_methods: bool = True):
         self.entries: dict[str, tuple[object, str, object]] = {}
         self.code: dict[str, tuple[object, tuple]] = {}
         self.native: dict[str, tuple[object, tuple]] = {}
         self.hooks = _hook_state()
-        self.watched: dict[str, tuple[object, dict]] = {}
+        self.watched: dict[str, tuple[object, dict, type]] = {}
+        self.class_methods = class_methods
+        self.classes: dict[str, tuple[type, dict]] = {}  # label -> (class, its attributes as they were)
         for owner_path, names in TIMER_NAMES.items():
             try:
                 owner = _resolve(owner_path)
@@ -337,10 +359,14 @@ class HarnessSnapshot:
             for n, v in list(vars(m).items()):
                 if not n.startswith("__"):
                     self.entries[f"{m.__name__}.{n}"] = (m, n, v, "harness")
+            if not class_methods:
+                continue
             # and the methods of the classes defined there: `Timer.time_call = fast` rebinds no module
             # name and leaves the old function's code as it was
             for owner, n, label in _class_methods(m, m.__name__):
                 self.entries[label] = (owner, n, getattr(owner, n), "harness")
+            for cls, label in _classes(m, m.__name__):
+                self.classes[label] = (cls, dict(vars(cls)))
         import statistics
 
         for label, (owner, n, v, kind) in list(self.entries.items()):
@@ -358,8 +384,8 @@ class HarnessSnapshot:
                 self.code.setdefault(label, (fn, _code_state(fn), "timer" if owner is torch.cuda.Event else "harness"))
 
     def watch(self, label: str, obj) -> None:
-        """Also check an instance's attributes (a Timer's bound synchronise and event type)."""
-        self.watched[label] = (obj, dict(vars(obj)))
+        """Also check an instance's attributes (a Timer's bound synchronise and event type) and its class."""
+        self.watched[label] = (obj, dict(vars(obj)), type(obj))
 
     def hooks_changed(self) -> str | None:
         """'harness_patched:<hook>' when a way to run code in the harness's own time was set up (cheap:
@@ -389,10 +415,20 @@ class HarnessSnapshot:
         for label, (fn, words, kind) in self.native.items():
             if _native_words(fn) != words:
                 return f"{'timer' if kind == 'timer' else 'harness'}_patched:{label} (native)"
-        for label, (obj, attrs) in self.watched.items():
+        for label, (obj, attrs, cls) in self.watched.items():
             now = vars(obj)
             if now.keys() != attrs.keys() or any(now[k] is not v for k, v in attrs.items()):
                 return f"timer_patched:{label}"
+            if self.class_methods and type(obj) is not cls:
+                return f"timer_patched:{label}.__class__"
+        for label, (cls, attrs) in self.classes.items():
+            now = vars(cls)
+            if now.keys() != attrs.keys():
+                added = sorted(now.keys() - attrs.keys()) or sorted(attrs.keys() - now.keys())
+                return f"harness_patched:{label}.{added[0]}"
+            for k, v in attrs.items():
+                if now[k] is not v:
+                    return f"harness_patched:{label}.{k}"
         for label, (owner, n, orig, kind) in self.entries.items():
             try:
                 now = getattr(owner, n)

@@ -238,6 +238,65 @@ def test_snapshot_sees_a_harness_classs_method_replaced():
         assert snap.changed() is None
 
 
+def test_snapshot_sees_a_harness_classs_attribute_added_and_a_watched_instances_class_swapped():
+    """Beyond the methods a harness class had: an attribute added to it (`__getattribute__`, which
+    sends every lookup elsewhere and leaves the methods in place), and a watched instance moved to
+    another class (`timer.__class__ = Sub`: the instance's attributes and Timer's methods as they
+    were; tests/reward/candidates/cpu/class_swap.py does it from forward). With class_methods off
+    (the control's switch) neither is seen."""
+    from opsynth.runtime import timing
+
+    snap = guards.HarnessSnapshot(extra_modules=[timing])
+    blind = guards.HarnessSnapshot(extra_modules=[timing], class_methods=False)
+    timer = timing.Timer("cpu")
+    snap.watch("timer", timer)
+    blind.watch("timer", timer)
+    assert snap.changed() is None and blind.changed() is None
+
+    def getattribute(self, name):
+        return object.__getattribute__(self, name)
+
+    timing.Timer.__getattribute__ = getattribute
+    try:
+        assert snap.changed() == "harness_patched:opsynth.runtime.timing.Timer.__getattribute__"
+        assert blind.changed() is None
+    finally:
+        del timing.Timer.__getattribute__
+    assert snap.changed() is None
+
+    class Sub(timing.Timer):
+        def time_call(self, fn, args):
+            ms, out = timing.Timer.time_call(self, fn, args)
+            return ms * 0.35, out
+
+    timer.__class__ = Sub
+    try:
+        assert snap.changed() == "timer_patched:timer.__class__"
+        assert blind.changed() is None
+    finally:
+        timer.__class__ = timing.Timer
+    assert snap.changed() is None
+
+
+def test_the_snapshots_check_bound_before_the_candidate_sees_its_own_methods_rebound():
+    """The candidate child binds `changed` before the candidate runs (candidate_runner._harness_checker):
+    rebinding HarnessSnapshot.changed then changes nothing that still runs, and is itself reported."""
+    from opsynth.reward import candidate_runner
+
+    snap = guards.HarnessSnapshot(extra_modules=[guards])
+    check = candidate_runner._harness_checker(snap, set())
+    orig = vars(guards.HarnessSnapshot)["changed"]
+    guards.HarnessSnapshot.changed = lambda self: None
+    try:
+        with pytest.raises(candidate_runner.Reject) as e:
+            check("test")
+        assert e.value.reason == "harness_patched"
+        assert "opsynth.reward.guards.HarnessSnapshot.changed" in e.value.detail
+    finally:
+        guards.HarnessSnapshot.changed = orig
+    check("test")
+
+
 def test_snapshot_sees_a_rewritten_builtin_timer_and_a_patched_timer_instance():
     from opsynth.runtime import timing
 
