@@ -177,6 +177,7 @@ def train_settings(args, tasks_dir: str, run_dir: str, reward_env: dict):
         limit_tasks=args.limit_tasks or None,
         policy=PolicyConfig(name_or_path="smoke", dtype="float32", chat=False, smoke=smoke),
         reward_workers=args.reward_workers, reward_env=reward_env, turns=args.turns, episode_reward=args.episode_reward,
+        turn_credit=args.turn_credit,
         gradient_checkpointing=False,
         # --steps counts generation rounds; each is --num-iterations optimiser steps (TRL's global_step).
         trainer=dict(steps=args.steps * args.num_iterations, num_iterations=args.num_iterations,
@@ -346,6 +347,8 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--episode-reward", default="best", choices=["last", "best", "discounted"],
                    help="best (default): a sampled revision can break a correct first program (the warm start "
                         "writes the program again after feedback about 3 times in 4); the best turn keeps the first turn's signal")
+    p.add_argument("--turn-credit", default="all", choices=["all", "scored"],
+                   help="scored: the turns after the best one get no advantage (TrainSettings.turn_credit)")
     p.add_argument("--num-generations", type=int, default=8, help="episodes per task (GRPO group)")
     p.add_argument("--tasks-per-step", type=int, default=8, help="tasks a generation round (default: every one "
                    "of the --limit-tasks 8, so a round's mean reward does not move with which tasks it drew)")

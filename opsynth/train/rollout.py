@@ -139,7 +139,7 @@ class MultiTurnRollout:
             "prompt_ids": [list(p) for p in prompt_ids],
             "completion_ids": [e.completion_ids for e in episodes],
             "logprobs": logprobs if all(lp is not None for lp in logprobs) else None,
-            "env_mask": [e.env_mask for e in episodes],
+            "env_mask": [e.loss_mask(self.cfg) for e in episodes],
             "episode_reward": [e.reward(self.cfg) for e in episodes],
             "episode_records": [[t.record.to_dict() for t in e.turns] for e in episodes],
         }

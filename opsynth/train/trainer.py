@@ -71,6 +71,7 @@ class TrainSettings:
     turns: int = 3  # turns per episode: the policy revises its program after each verdict (1: single-turn)
     episode_reward: str = "last"  # last | best | discounted (sum of turn_discount**(t-1) * reward_t)
     turn_discount: float = 0.4
+    turn_credit: str = "all"  # all | scored (no advantage for the turns after the one episode_reward scores)
     print_steps: bool = True  # one line per step on stdout
     # The recipe for a real model (opsynth.train.recipe): LoRA adapters through peft, and TRL's vLLM
     # generation; gradient checkpointing (None: on with a GPU, off on the CPU) trades compute for memory.
@@ -79,7 +80,7 @@ class TrainSettings:
     gradient_checkpointing: bool | None = None
 
     def __post_init__(self):
-        self.episode()  # validates turns, episode_reward, turn_discount
+        self.episode()  # validates turns, episode_reward, turn_discount, turn_credit
         self.lora = build_block(LoraSettings, self.lora, "lora")
         self.vllm = build_block(VllmSettings, self.vllm, "vllm")
         owned = sorted(k for k in self.trainer if k in VLLM_FIELDS)
@@ -103,7 +104,8 @@ class TrainSettings:
         self.reward_env = _with_reward_workers(self.reward_env, self.reward_workers)
 
     def episode(self) -> EpisodeConfig:
-        return EpisodeConfig(turns=self.turns, reward=self.episode_reward, discount=self.turn_discount)
+        return EpisodeConfig(turns=self.turns, reward=self.episode_reward, discount=self.turn_discount,
+                             credit=self.turn_credit)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainSettings":

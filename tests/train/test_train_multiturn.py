@@ -213,6 +213,44 @@ def test_an_episode_stops_at_reward_3_and_each_turn_is_one_environment_call(toke
     assert env_calls[2] == [4, 4, 4] and env_calls[1].calls[2] == ["T3", "T4"]
 
 
+def _policy_runs(ids, mask):
+    """The completion split into runs of (mask value, token ids)."""
+    runs, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], ids[start:i]))
+            start = i
+    return runs
+
+
+def test_scored_credit_trains_the_turns_up_to_the_best_one_only(tokenizer):
+    slow = _result("ok", reward=1, times={"candidate_ms": 3.0, "eager_ms": 2.0, "compile_ms": 2.0})
+    wrong = _result("incorrect", log=INCORRECT_LOG)
+    (ep,), _, _, answers = _run(tokenizer, {"T": [wrong, slow, wrong]})
+    eos = tokenizer.eos_token_id
+    best = EpisodeConfig(turns=3, reward="best", credit="scored")
+    # credit=all (the default): the broken third turn after the correct second one is trained too.
+    assert ep.loss_mask(EpisodeConfig(turns=3, reward="best")) == ep.env_mask
+    assert [m for m, _ in _policy_runs(ep.completion_ids, ep.env_mask)] == [1, 0, 1, 0, 1]
+    mask = ep.loss_mask(best)
+    assert len(mask) == len(ep.completion_ids)
+    runs = _policy_runs(ep.completion_ids, mask)
+    # turns 1 and 2 trained, the feedback and the third turn not
+    assert [m for m, _ in runs] == [1, 0, 1, 0]
+    assert [r for m, r in runs if m == 1] == [answers["T"] + [eos]] * 2
+    assert sum(mask) == 2 * len(answers["T"] + [eos])
+    # the scored turn is the last one under `last`: nothing is cut
+    assert ep.loss_mask(EpisodeConfig(turns=3, reward="last", credit="scored")) == ep.env_mask
+    # a first turn that is already the best: only it is trained
+    (ep1,), _, _, _ = _run(tokenizer, {"T": [slow, wrong, wrong]})
+    assert [m for m, _ in _policy_runs(ep1.completion_ids, ep1.loss_mask(best))] == [1, 0]
+
+
+def test_turn_credit_is_checked():
+    with pytest.raises(ValueError, match="turn_credit must be one of"):
+        EpisodeConfig(credit="first")
+
+
 def test_an_unfinished_turn_is_closed_by_an_environment_token(tokenizer):
     wrong = _result("incorrect", log=INCORRECT_LOG)
     prompt = tokenizer("task:", add_special_tokens=False)["input_ids"]
