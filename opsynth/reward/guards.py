@@ -15,7 +15,10 @@ the static pre-check only saves time on the obvious cases.
 
 from __future__ import annotations
 
+import builtins
 import functools
+import json
+import json.encoder
 import threading
 import types
 
@@ -350,6 +353,12 @@ class HarnessSnapshot:
             torch.nn.Module: ["__call__", "_call_impl", "load_state_dict", "state_dict"],
             torch.profiler: ["profile"],
             TorchDispatchMode: ["__enter__", "__exit__"],
+            # what the child's reply goes through (rounds.Channel.request: json.dumps; run_rounds:
+            # float(ms)): rebinding either shaves the reported time without touching a harness name
+            json: ["dumps", "loads"],
+            json.encoder: ["c_make_encoder", "encode_basestring_ascii", "JSONEncoder"],
+            json.encoder.JSONEncoder: ["encode", "iterencode", "default"],
+            builtins: ["float", "int", "min", "max", "sum", "sorted", "len", "round", "abs"],
         }
         for owner, names in others.items():
             for n in names:
