@@ -5,17 +5,21 @@
 #   here:   bash benchmarks/device_wheels.sh && bash benchmarks/device_tools.sh
 #   device: run(command="bash benchmarks/h200_learning.sh trained", carry=[".whl", ".tools"], timeout_s=600)
 #           run(command="bash benchmarks/h200_learning.sh control", carry=[".whl", ".tools"], timeout_s=600)
+#   a variant of the trained arm: its name, then its flags (the control, learning rate 0, pairs with any
+#   variant that changes only the loss), e.g.
+#           run(command="bash benchmarks/h200_learning.sh trained_scored --turn-credit scored", ...)
+#           then --summarize DIR --trained-arm trained_scored
 #   here:   copy each call's files_at/train_learning/ into benchmarks/results/train_learning_h200/, then
 #           python benchmarks/train_learning_h200.py --summarize benchmarks/results/train_learning_h200
 set -uo pipefail
-arm=${1:-trained}
+arm=${1:-trained}; shift; extra=("$@")
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 HF_HUB_OFFLINE=1
 [ -x .tools/ccache/ccache ] && export OPSYNTH_CCACHE=$PWD/.tools/ccache/ccache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/train_learning"
 python3 -c "import peft, accelerate, trl; print('peft', peft.__version__, 'accelerate', accelerate.__version__, 'trl', trl.__version__)"
 flag=""; [ "$arm" = control ] && flag="--control"
-timeout 550 python3 benchmarks/train_learning_h200.py --out "$OUT/train_learning" $flag > "$OUT/train_learning/$arm.log" 2>&1
+timeout 550 python3 benchmarks/train_learning_h200.py --out "$OUT/train_learning" --arm "$arm" $flag "${extra[@]}" > "$OUT/train_learning/$arm.log" 2>&1
 echo "$arm rc=$?"; tail -40 "$OUT/train_learning/$arm.log"
 # the run's logs, flat (files deeper under $OUT do not come back)
 for f in evaluations-rank0.jsonl metrics.jsonl rollouts-rank0.jsonl; do

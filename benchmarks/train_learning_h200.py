@@ -201,7 +201,7 @@ def run_arm(args) -> dict:
     from opsynth.train.score import ScoreSettings, run_settings
     from opsynth.train.trainer import train
 
-    arm = "control" if args.lr == 0 else "trained"
+    arm = args.arm or ("control" if args.lr == 0 else "trained")
     device = _device()
     on_gpu = device != "cpu"
     arm_dir = os.path.join(args.out, arm)
@@ -286,11 +286,14 @@ def _print_arm(report: dict) -> None:
     print(f"ok={report.get('ok')} steps={report.get('global_step')} wall={report['wall_s']} s")
 
 
-def summarize(folder: str, window: int = 3) -> dict:
-    """summary.json from trained.json and control.json in `folder` (see the module docstring)."""
+SETTINGS_FREE = ("lr", "control", "out", "arm", "trained_arm", "turn_credit")
+
+
+def summarize(folder: str, window: int = 3, trained_arm: str = "trained") -> dict:
+    """summary.json from `<trained_arm>.json` and control.json in `folder` (see the module docstring)."""
     arms = {}
-    for arm in ("trained", "control"):
-        with open(os.path.join(folder, f"{arm}.json")) as f:
+    for arm, name in (("trained", trained_arm), ("control", "control")):
+        with open(os.path.join(folder, f"{name}.json")) as f:
             arms[arm] = json.load(f)
     n = min(len(arms["trained"]["steps"]), len(arms["control"]["steps"]))
     if n == 0:
@@ -313,8 +316,10 @@ def summarize(folder: str, window: int = 3) -> dict:
         "trained_tasks": {a: r.get("trained_tasks") for a, r in arms.items()},
         "warm_start": {a: r.get("warm_start") for a, r in arms.items()},
         "tasks": arms["trained"]["tasks"], "device": arms["trained"]["device"],
-        "same_settings": {k2: v for k2, v in arms["trained"]["settings"].items() if k2 not in ("lr", "control", "out")}
-        == {k2: v for k2, v in arms["control"]["settings"].items() if k2 not in ("lr", "control", "out")},
+        "trained_arm": trained_arm,
+        # what may differ: the learning rate and what only the loss sees (turn_credit: lr 0 trains nothing)
+        "same_settings": {k2: v for k2, v in arms["trained"]["settings"].items() if k2 not in SETTINGS_FREE}
+        == {k2: v for k2, v in arms["control"]["settings"].items() if k2 not in SETTINGS_FREE},
     }
     out["learned"] = (out["trained_last_reward"] > out["trained_first_reward"]
                       and out["trained_last_reward"] - out["control_last_reward"] > std)
@@ -380,6 +385,8 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--summarize", default=None, help="write summary.json from trained.json and control.json in DIR")
     p.add_argument("--window", type=int, default=3, help="rounds averaged at each end (--summarize)")
+    p.add_argument("--arm", default=None, help="the arm's name in --out (default: trained, or control with --control)")
+    p.add_argument("--trained-arm", default="trained", help="--summarize: the trained arm's name (e.g. trained_scored)")
     args = p.parse_args(argv)
     if args.control:
         args.lr = 0.0
@@ -391,7 +398,7 @@ def parse(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     if args.summarize:
-        return summarize(args.summarize, args.window)
+        return summarize(args.summarize, args.window, args.trained_arm)
     os.makedirs(args.out, exist_ok=True)
     return run_arm(args)
 

@@ -101,3 +101,25 @@ def test_default_rounds_hold_every_training_task_and_train_each_batch_four_times
     cfg = grpo_config(bench.train_settings(args, str(tmp_path / "t"), str(tmp_path / "r"), {}), use_cpu=True)
     assert (cfg.per_device_train_batch_size, cfg.num_generations, cfg.num_iterations) == (64, 8, 4)
     assert (cfg.max_steps, cfg.learning_rate, cfg.loss_type, cfg.beta) == (args.steps * 4, 3e-4, "grpo", 0.0)
+
+
+def test_summary_compares_a_named_trained_arm_with_the_control(tmp_path):
+    """A variant of the trained arm (--arm trained_scored --turn-credit scored) pairs with the one
+    control: only the loss side and the learning rate may differ; other settings must match."""
+    bench = _bench()
+
+    def arm(rewards, lr, **settings):
+        return {"steps": [{"reward": r, "pass_rate": (r + 1) / 2} for r in rewards], "heldout": {}, "trained_tasks": {},
+                "warm_start": {}, "tasks": {"train": 8}, "device": "cpu",
+                "settings": {"lr": lr, "control": lr == 0, "out": "x", "seed": 0, **settings}}
+
+    (tmp_path / "trained_scored.json").write_text(json.dumps(arm([0.4, 0.5, 0.5, 0.8, 0.9, 0.9], 3e-4,
+                                                                 arm="trained_scored", turn_credit="scored")))
+    (tmp_path / "control.json").write_text(json.dumps(arm([0.4, 0.5, 0.4, 0.5, 0.4, 0.5], 0.0, arm="control",
+                                                          turn_credit="all")))
+    s = bench.summarize(str(tmp_path), 2, trained_arm="trained_scored")
+    assert s["trained_arm"] == "trained_scored" and s["same_settings"] and s["learned"]
+    assert s["trained_first_reward"] == pytest.approx(0.45) and s["trained_last_reward"] == pytest.approx(0.9)
+    # a setting outside the loss differs: not the same run
+    (tmp_path / "control.json").write_text(json.dumps(arm([0.4] * 6, 0.0, seed=1)))
+    assert not bench.summarize(str(tmp_path), 2, trained_arm="trained_scored")["same_settings"]
