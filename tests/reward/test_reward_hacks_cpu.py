@@ -59,6 +59,7 @@ HACKS = {
     # swapped for a subclass (seen only since the watched instance's class is part of the snapshot)
     "snapshot_patch": ("harness_patched", -1),  # C++ static initialiser: HarnessSnapshot.changed/.hooks_changed
     # rebound to find nothing, then Timer.time_call (seen only since the child binds the checks before loading it)
+    "reply_patch": ("harness_patched", -1),  # C++ static initialiser: json.dumps rewrites each round's reply
 }
 
 # (guards off, candidate, reason prefix, reward): what each guard stops, shown by switching it off
@@ -82,6 +83,7 @@ CONTROLS = [
     (("harness_class_methods",), "class_patch", "ok", 2),
     (("harness_class_methods",), "class_swap", "ok", 2),
     (("harness_class_methods",), "snapshot_patch", "ok", 2),
+    (("harness_snapshot",), "reply_patch", "ok", 2),  # wall clock and floor on: the reply's rewrite pays
 ]
 
 
