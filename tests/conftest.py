@@ -23,6 +23,7 @@ def pytest_configure(config):
     # Likewise one compiler cache: the test candidates share an extension source, and its ~90 s build
     # (pybind11 bindings on 2 cores) was paid again by every module that makes a fresh reward cache.
     # Tests that look at a cache's own compiler cache clear the setting (monkeypatch.delenv).
+    # Under pytest-xdist (make test) this runs in the controller first: its workers inherit both settings.
     config._opsynth_shared_dirs = []
     for var, prefix in (("OPSYNTH_RL_PCH_DIR", "opsynth_test_pch_"), ("OPSYNTH_RL_CCACHE_DIR", "opsynth_test_ccache_")):
         if not os.environ.get(var):
