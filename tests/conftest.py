@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -23,6 +25,7 @@ def pytest_configure(config):
     # Likewise one compiler cache: the test candidates share an extension source, and its ~90 s build
     # (pybind11 bindings on 2 cores) was paid again by every module that makes a fresh reward cache.
     # Tests that look at a cache's own compiler cache clear the setting (monkeypatch.delenv).
+    # Under pytest-xdist (make test) this runs in the controller first: its workers inherit both settings.
     config._opsynth_shared_dirs = []
     for var, prefix in (("OPSYNTH_RL_PCH_DIR", "opsynth_test_pch_"), ("OPSYNTH_RL_CCACHE_DIR", "opsynth_test_ccache_")):
         if not os.environ.get(var):
@@ -31,9 +34,63 @@ def pytest_configure(config):
             config._opsynth_shared_dirs.append(d)
 
 
+    # Tests marked `alone` compare timings taken minutes apart: under pytest-xdist (make test) each
+    # runs while no other worker runs a test (a readers-writer lock on this file; see below).
+    if not os.environ.get(ALONE_LOCK_ENV):
+        d = tempfile.mkdtemp(prefix="opsynth_test_alone_")
+        os.environ[ALONE_LOCK_ENV] = os.path.join(d, "suite.lock")
+        config._opsynth_shared_dirs.append(d)
+
+
 def pytest_unconfigure(config):
     for d in getattr(config, "_opsynth_shared_dirs", []):
         shutil.rmtree(d, ignore_errors=True)
+
+
+ALONE_LOCK_ENV = "OPSYNTH_TEST_ALONE_LOCK"
+
+
+@contextlib.contextmanager
+def _suite_share(path: str, alone: bool):
+    """Shared for an ordinary test, exclusive for an `alone` one. The gate is held while waiting for
+    the lock, so a waiting `alone` test is not starved by the other worker's next tests."""
+    with open(path + ".gate", "a") as gate, open(path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_held = contextlib.ExitStack()  # the worker's exclusive hold, kept across consecutive `alone` tests
+
+
+def _alone(item) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In an xdist worker: the whole of a test (its fixtures' setup and teardown too) under the suite
+    lock, an `alone` test and the `alone` tests right after it under one exclusive hold. Not in a
+    plain run, nor in a pytest that a test starts (it has no workerinput)."""
+    path = os.environ.get(ALONE_LOCK_ENV)
+    if not path or not hasattr(item.config, "workerinput"):
+        return (yield)
+    if not _alone(item):
+        with _suite_share(path, alone=False):
+            return (yield)
+    if not _held._exit_callbacks:
+        _held.enter_context(_suite_share(path, alone=True))
+    try:
+        return (yield)
+    finally:
+        if not _alone(nextitem):
+            _held.close()
 
 
 def _has_cuda() -> bool:

@@ -13,19 +13,44 @@ def sampler():
     return Sampler(SamplerConfig(scale=0.1), load_catalog())
 
 
+class Draws:
+    """What the counting tests read of seeds 0..n-1 of one fresh sampler: (ops, data_source, num_ops)
+    per seed, drawn once and extended on demand, so that tests over the same seeds and settings
+    (2,000 and 10,000 draws at scale 0.1; 2,000 and 6,000 at scale 1.0) share the draws."""
+
+    def __init__(self, cfg: SamplerConfig):
+        self.sampler = Sampler(cfg, load_catalog())
+        self.drawn: list[tuple[tuple[str, ...], str, int]] = []
+
+    def upto(self, n: int) -> list[tuple[tuple[str, ...], str, int]]:
+        for seed in range(len(self.drawn), n):
+            st = self.sampler.sample(seed)
+            self.drawn.append((tuple(st.graph.ops()), st.data_source, st.num_ops))
+        return self.drawn[:n]
+
+
+@pytest.fixture(scope="module")
+def draws_small():
+    return Draws(SamplerConfig(scale=0.1))
+
+
+@pytest.fixture(scope="module")
+def draws_full():
+    return Draws(SamplerConfig(scale=1.0))
+
+
 def test_same_seed_same_graph(sampler):
     other = Sampler(SamplerConfig(scale=0.1), load_catalog())
     for seed in range(50):
         assert sampler.sample(seed).graph.to_json() == other.sample(seed).graph.to_json()
 
 
-def test_mixture_matches_ops6k_within_2_points(sampler):
+def test_mixture_matches_ops6k_within_2_points(draws_small):
     n = 2000
     counts = Counter()
-    for seed in range(n):
-        st = sampler.sample(seed)
-        counts["transformers" if st.data_source.startswith("transformers") else str(st.num_ops)] += 1
-        assert len(st.graph.ops()) == st.num_ops
+    for ops, data_source, num_ops in draws_small.upto(n):
+        counts["transformers" if data_source.startswith("transformers") else str(num_ops)] += 1
+        assert len(ops) == num_ops
     for k, share in OPS6K_MIXTURE.items():
         assert abs(counts[k] / n - share) <= 0.02, (k, counts[k] / n, share)
 
@@ -110,12 +135,11 @@ def test_bad_config_is_a_clear_error(bad):
 
 
 @pytest.mark.slow
-def test_10000_samples_cover_100_ops_in_10_categories():
-    cat = load_catalog()
-    s = Sampler(SamplerConfig(scale=0.1), cat)
+def test_10000_samples_cover_100_ops_in_10_categories(draws_small):
+    cat = draws_small.sampler.catalog
     ops = set()
-    for seed in range(10_000):
-        ops.update(s.sample(seed).graph.ops())
+    for seq, _, _ in draws_small.upto(10_000):
+        ops.update(seq)
     torch_ops = {o for o in ops if cat[o].source == "torch"}
     assert len(torch_ops) >= 100, len(torch_ops)
     assert len({cat[o].category for o in torch_ops}) >= 10
@@ -126,15 +150,13 @@ def _distinct_sequences(cfg: SamplerConfig, n: int) -> int:
     return len({tuple(s.sample(seed).graph.ops()) for seed in range(n)})
 
 
-def test_mixture_holds_at_full_scale_with_flat_partners():
+def test_mixture_holds_at_full_scale_with_flat_partners(draws_full):
     """The GPU setting (scale 1.0) with the default flatness keeps Ops-6K's operator counts."""
-    s = Sampler(SamplerConfig(scale=1.0), load_catalog())
-    assert s.cfg.partner_flatness == 1.0
+    assert draws_full.sampler.cfg.partner_flatness == 1.0
     n = 2000
     counts = Counter()
-    for seed in range(n):
-        st = s.sample(seed)
-        counts["transformers" if st.data_source.startswith("transformers") else str(st.num_ops)] += 1
+    for _, data_source, num_ops in draws_full.upto(n):
+        counts["transformers" if data_source.startswith("transformers") else str(num_ops)] += 1
     for k, share in OPS6K_MIXTURE.items():
         assert abs(counts[k] / n - share) <= 0.02, (k, counts[k] / n, share)
 
@@ -149,10 +171,10 @@ def test_flat_partners_spread_the_operator_pairs():
 
 
 @pytest.mark.slow
-def test_diversity_does_not_fall_back():
+def test_diversity_does_not_fall_back(draws_full):
     """6,000 draws at Ops-6K's scale gave 4,260 distinct operator sequences before the flat partners
     and the admitted operators, 5,289 at the defaults (benchmarks/results/sampler_diversity.json)."""
-    n = _distinct_sequences(SamplerConfig(scale=1.0), 6000)
+    n = len({seq for seq, _, _ in draws_full.upto(6000)})
     assert n >= 5100, n
 
 

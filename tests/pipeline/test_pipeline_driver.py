@@ -56,7 +56,13 @@ def fake(monkeypatch, tasks, tmp_path):
     """Stand-in for process_candidate: later candidates finish first; `fake.accept` decides by index;
     `fake.calls()` lists the candidates processed. (Dask pickles the function even in-process, so
     calls are recorded in a file, not in a list.)"""
-    log = tmp_path / "calls.txt"
+    return install_fake(monkeypatch, tasks, tmp_path)
+
+
+def install_fake(monkeypatch, tasks, folder):
+    """The `fake` fixture's stand-in, patched in with `monkeypatch` and logging its calls in `folder`
+    (also for module-scoped fixtures, with a pytest.MonkeyPatch.context())."""
+    log = folder / "calls.txt"
     fake = SimpleNamespace(accept=_accepts, calls=lambda: [int(x) for x in log.read_text().split()] if log.exists() else [])
 
     def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True):

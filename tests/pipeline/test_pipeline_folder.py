@@ -10,7 +10,9 @@ starts any cluster."""
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
 import threading
 
 import pytest
@@ -51,19 +53,38 @@ def _config(out, n=N, **kw):
     return cfg
 
 
-@pytest.fixture
-def reference(tmp_path, fake):
-    """An uninterrupted run of N rows: its rows (all columns) and its summary."""
-    out = tmp_path / "reference"
-    summary = _run(_config(out))
-    return read_rows(out), summary
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tasks):
+    """Two uninterrupted runs of N rows with the stand-in, made once for the module (each run is
+    seconds of Dask and the stand-in's sleeps): `reference` and `ds`, and the reference's summary.
+    Tests get copies of the folders (`reference`, `made`): they damage them."""
+    base = tmp_path_factory.mktemp("finished")
+    with pytest.MonkeyPatch.context() as mp:
+        driver.install_fake(mp, tasks, base)
+        summary = _run(_config(base / "reference"))
+        _run(_config(base / "ds"))
+    return base, summary
+
+
+def _copy_run(src, out):
+    """A finished folder copied to `out`, as a run there would have left it (its card names its own path)."""
+    shutil.copytree(src, out, symlinks=True)
+    card = out / "README.md"
+    card.write_text(card.read_text().replace(f'"{src}"', f'"{out}"'))
+    return out
 
 
 @pytest.fixture
-def made(tmp_path, fake, reference):
-    """A finished folder of the same run, to be damaged by the test."""
-    out = tmp_path / "ds"
-    _run(_config(out))
+def reference(tmp_path, fake, finished):
+    """An uninterrupted run of N rows (a copy in tmp_path/reference): its rows (all columns) and its summary."""
+    out = _copy_run(finished[0] / "reference", tmp_path / "reference")
+    return read_rows(out), copy.deepcopy(finished[1])
+
+
+@pytest.fixture
+def made(tmp_path, fake, reference, finished):
+    """A finished folder of the same run (a copy in tmp_path/ds), to be damaged by the test."""
+    out = _copy_run(finished[0] / "ds", tmp_path / "ds")
     assert read_rows(out) == reference[0]
     return out
 

@@ -243,6 +243,7 @@ def _fresh_copy(cache: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.alone  # times cache_a's eager baseline, which the next two tests compare with later timings
 @pytest.mark.slow
 def test_the_result_carries_the_ratio_and_its_interval(cache_a):
     _, r = cache_a
@@ -254,6 +255,7 @@ def test_the_result_carries_the_ratio_and_its_interval(cache_a):
     assert r.details["baseline"]["eager"] == "stored"
 
 
+@pytest.mark.alone  # two caches' eager baselines timed minutes apart must agree (see the docstring)
 @pytest.mark.slow
 def test_two_fresh_caches_one_beside_another_build_agree(cache_a, tmp_path, monkeypatch):
     """The issue's failure: baselines timed while the shared PCH and a candidate's extension built read
@@ -311,6 +313,7 @@ def test_two_fresh_caches_one_beside_another_build_agree(cache_a, tmp_path, monk
     assert other["r"].reason == "ok", other["r"].log[-3000:]
 
 
+@pytest.mark.alone  # the re-validated baseline against cache_a's, timed minutes apart
 @pytest.mark.slow
 def test_a_poisoned_cache_entry_is_replaced_and_the_reward_is_the_clean_one(cache_a, tmp_path):
     """A correct candidate about twice as slow as eager scores 1. Its baselines multiplied by 100 in
