@@ -290,28 +290,24 @@ def _functions(owner, label: str, depth: int = 0):
             yield from _functions(v, f"{label}.{n}", depth + 1)
 
 
-def _class_methods(owner, label: str, depth: int = 0):
-    """(class, name, label) of the functions, static and class methods and properties of the classes
-    defined in a module (or nested in them), as `_functions` finds them."""
-    home = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
-    for n, v in list(vars(owner).items()):
-        if isinstance(v, type) and depth < 2 and v.__module__ == home:
-            for an, av in list(vars(v).items()):
-                if an.startswith("__") and an not in ("__call__", "__init__", "__enter__", "__exit__"):
-                    continue
-                if isinstance(av, (types.FunctionType, staticmethod, classmethod, property)):
-                    yield v, an, f"{label}.{n}.{an}"
-            yield from _class_methods(v, f"{label}.{n}", depth + 1)
-
-
 def _classes(owner, label: str, depth: int = 0):
-    """(class, label) of the classes defined in a module (or nested in them), as `_class_methods`
-    walks them."""
+    """(class, label) of the classes defined in a module (or nested in them, two levels), not imported."""
     home = owner.__name__ if isinstance(owner, types.ModuleType) else owner.__module__
     for n, v in list(vars(owner).items()):
         if isinstance(v, type) and depth < 2 and v.__module__ == home:
             yield v, f"{label}.{n}"
             yield from _classes(v, f"{label}.{n}", depth + 1)
+
+
+def _class_methods(owner, label: str):
+    """(class, name, label) of the functions, static and class methods and properties of the classes
+    `_classes` finds, as `_functions` finds them."""
+    for cls, cls_label in _classes(owner, label):
+        for an, av in list(vars(cls).items()):
+            if an.startswith("__") and an not in ("__call__", "__init__", "__enter__", "__exit__"):
+                continue
+            if isinstance(av, (types.FunctionType, staticmethod, classmethod, property)):
+                yield cls, an, f"{cls_label}.{an}"
 
 
 class HarnessSnapshot:

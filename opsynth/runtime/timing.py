@@ -9,7 +9,7 @@ named after the device, so it serialises timing across every worker of every poo
 (Dask may run several pools), while compilation, which is CPU-bound, runs in parallel.
 
 Tests of reproducibility set ``OPSYNTH_TIMING_NOISE=LO,HI`` (e.g. ``0.8,1.25``): every median the
-verifier's ``median_ms`` returns is then multiplied by an independent random factor, log-uniform in
+verifier's ``timed_median`` returns is then multiplied by an independent random factor, log-uniform in
 [LO, HI]. The reward environment's timed forward (``Timer``, ``time_forward``, at the end of this
 module) shares the lock and lives here too, so the project has one timing module.
 """
@@ -172,13 +172,6 @@ def timed_median(fn: Callable[[], object], device: str, warmup: int, repeats: in
 
     times, stop = sample_until(sample, repeats, min_repeats, budget_ms, rel_tol, far, far_after)
     return Timing(statistics.median(times) * noise_factor(), len(times), warmup, stop, sum(times))
-
-
-def median_ms(fn: Callable[[], object], device: str, warmup: int, repeats: int, min_repeats: int,
-              budget_ms: float, rel_tol: float = 0.0) -> tuple[float, int]:
-    """Median milliseconds of ``fn()`` and the number of timed runs (`timed_median` without a band)."""
-    t = timed_median(fn, device, warmup, repeats, min_repeats, budget_ms, rel_tol)
-    return t.ms, t.runs
 
 
 # ---- the reward's timed forward ----------------------------------------------------------------------

@@ -45,11 +45,11 @@ def test_union_of_overlapping_sections():
 
 
 def test_timed_repeats_stop_early_only_when_asked():
-    from opsynth.runtime.timing import median_ms
+    from opsynth.runtime.timing import timed_median
 
     def fn():
         sum(range(1000))
 
-    _, n_full = median_ms(fn, "cpu", warmup=1, repeats=12, min_repeats=4, budget_ms=1e9)
-    _, n_early = median_ms(fn, "cpu", warmup=1, repeats=12, min_repeats=4, budget_ms=1e9, rel_tol=10.0)
+    n_full = timed_median(fn, "cpu", warmup=1, repeats=12, min_repeats=4, budget_ms=1e9).runs
+    n_early = timed_median(fn, "cpu", warmup=1, repeats=12, min_repeats=4, budget_ms=1e9, rel_tol=10.0).runs
     assert n_full == 12 and n_early == 4  # (the stopping rule itself: tests/runtime/test_timing_repeats.py)
