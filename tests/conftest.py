@@ -67,6 +67,7 @@ def _suite_share(path: str, alone: bool):
 
 
 _held = contextlib.ExitStack()  # the worker's exclusive hold, kept across consecutive `alone` tests
+_holding = False  # whether _held holds it now
 
 
 def _alone(item) -> bool:
@@ -84,13 +85,16 @@ def pytest_runtest_protocol(item, nextitem):
     if not _alone(item):
         with _suite_share(path, alone=False):
             return (yield)
-    if not _held._exit_callbacks:
+    global _holding
+    if not _holding:
         _held.enter_context(_suite_share(path, alone=True))
+        _holding = True
     try:
         return (yield)
     finally:
         if not _alone(nextitem):
             _held.close()
+            _holding = False
 
 
 def _has_cuda() -> bool:
