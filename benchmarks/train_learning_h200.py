@@ -289,7 +289,7 @@ def _print_arm(report: dict) -> None:
 SETTINGS_FREE = ("lr", "control", "out", "arm", "trained_arm", "turn_credit")
 
 
-def summarize(folder: str, window: int = 3, trained_arm: str = "trained") -> dict:
+def summarize(folder: str, window: int = 3, trained_arm: str = "trained", name: str = "summary.json") -> dict:
     """summary.json from `<trained_arm>.json` and control.json in `folder` (see the module docstring)."""
     arms = {}
     for arm, name in (("trained", trained_arm), ("control", "control")):
@@ -323,7 +323,7 @@ def summarize(folder: str, window: int = 3, trained_arm: str = "trained") -> dic
     }
     out["learned"] = (out["trained_last_reward"] > out["trained_first_reward"]
                       and out["trained_last_reward"] - out["control_last_reward"] > std)
-    _write(os.path.join(folder, "summary.json"), out)
+    _write(os.path.join(folder, name), out)
     print(json.dumps({k2: out[k2] for k2 in ("steps_compared", "trained_first_reward", "trained_last_reward",
                                              "control_last_reward", "control_step_std", "learned")}, indent=2))
     for a in ("trained", "control"):
@@ -386,6 +386,7 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--summarize", default=None, help="write summary.json from trained.json and control.json in DIR")
     p.add_argument("--window", type=int, default=3, help="rounds averaged at each end (--summarize)")
     p.add_argument("--arm", default=None, help="the arm's name in --out (default: trained, or control with --control)")
+    p.add_argument("--summary-name", default="summary.json", help="--summarize: the file written in DIR (one per trained arm)")
     p.add_argument("--trained-arm", default="trained", help="--summarize: the trained arm's name (e.g. trained_scored)")
     args = p.parse_args(argv)
     if args.control:
@@ -398,7 +399,7 @@ def parse(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     if args.summarize:
-        return summarize(args.summarize, args.window, args.trained_arm)
+        return summarize(args.summarize, args.window, args.trained_arm, args.summary_name)
     os.makedirs(args.out, exist_ok=True)
     return run_arm(args)
 
