@@ -11,6 +11,11 @@
 #           then --summarize DIR --trained-arm trained_scored
 #   here:   copy each call's files_at/train_learning/ into benchmarks/results/train_learning_h200/, then
 #           python benchmarks/train_learning_h200.py --summarize benchmarks/results/train_learning_h200
+# The same starting policy for every arm: each call saves its warm-started policy in $OUT/warm_policy/
+# (about 3 MB); copy that here into .warm/ (ignored: `echo /.warm/ >> .git/info/exclude`) and carry
+# ".warm" in the next calls: an arm finding .warm/ starts from it (--warm-start-from) instead of warming
+# anew (the GPU's warm start is not bit-reproducible: same seed, 280-345 steps, sampling rate 0.62-0.70,
+# first-round reward 0.38-0.59 in four calls of 2026-12-03/04).
 set -uo pipefail
 arm=${1:-trained}; shift; extra=("$@")
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -19,7 +24,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 HF_
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/train_learning"
 python3 -c "import peft, accelerate, trl; print('peft', peft.__version__, 'accelerate', accelerate.__version__, 'trl', trl.__version__)"
 flag=""; [ "$arm" = control ] && flag="--control"
-timeout 550 python3 benchmarks/train_learning_h200.py --out "$OUT/train_learning" --arm "$arm" $flag "${extra[@]}" > "$OUT/train_learning/$arm.log" 2>&1
+warm=(--save-warm-start "$OUT/warm_policy")
+[ -f .warm/smoke_recipe.json ] && { warm+=(--warm-start-from "$PWD/.warm"); echo "starting from the carried warm start (.warm)"; }
+timeout 550 python3 benchmarks/train_learning_h200.py --out "$OUT/train_learning" --arm "$arm" $flag "${warm[@]}" "${extra[@]}" > "$OUT/train_learning/$arm.log" 2>&1
 echo "$arm rc=$?"; tail -40 "$OUT/train_learning/$arm.log"
 # the run's logs, flat (files deeper under $OUT do not come back)
 for f in evaluations-rank0.jsonl metrics.jsonl rollouts-rank0.jsonl; do

@@ -144,7 +144,7 @@ def read_steps(run_dir: str, turns: int) -> list[dict]:
     return rows
 
 
-def _callbacks(budget_s: float, run_dir: str, steps_path: str, turns: int):
+def _callbacks(budget_s: float, run_dir: str, steps_path: str, turns: int, warm_key: str | None = None):
     from transformers import TrainerCallback
 
     class SaveSteps(TrainerCallback):
@@ -154,7 +154,41 @@ def _callbacks(budget_s: float, run_dir: str, steps_path: str, turns: int):
             if state.is_world_process_zero and logs and "reward" in logs:
                 _write(steps_path, read_steps(run_dir, turns))
 
-    return [_budget_callback(budget_s), SaveSteps()]
+    class SameWarmStart(TrainerCallback):
+        """With --warm-start-from: stop before the first round if the policy was warm-started anew
+        (its recipe key differs: other tasks or settings), not after the whole arm has run."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            got = warm_start_key(os.path.join(run_dir, "smoke_policy"))
+            if got != warm_key:
+                raise RuntimeError(f"--warm-start-from holds the warm start of other tasks or settings (recipe key "
+                                   f"{warm_key}, this arm's {got}): the arms would not start from the same policy")
+
+    return [_budget_callback(budget_s), SaveSteps()] + ([SameWarmStart()] if warm_key else [])
+
+
+def warm_start_key(folder: str) -> str | None:
+    """The recipe key of a smoke-policy folder (`smoke_recipe.json`), None if it has none."""
+    try:
+        with open(os.path.join(folder, "smoke_recipe.json")) as f:
+            return json.load(f).get("key")
+    except (OSError, ValueError):
+        return None
+
+
+def weights_sha256(folder: str) -> str | None:
+    """A digest of a policy folder's weights: equal in two arms means the same starting policy."""
+    import hashlib
+
+    names = sorted(n for n in os.listdir(folder) if n.endswith((".safetensors", ".bin"))) if os.path.isdir(folder) else []
+    if not names:
+        return None
+    h = hashlib.sha256()
+    for n in names:
+        with open(os.path.join(folder, n), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def _write(path: str, obj) -> None:
@@ -215,8 +249,16 @@ def run_arm(args) -> dict:
     print(f"[bench] {arm}: tasks {report['tasks']}", flush=True)
     reward_env = {"cpu_threads": 1} if not on_gpu else {}
     settings = train_settings(args, tasks_dir, run_dir, reward_env)
+    warm_key = None
+    if args.warm_start_from:  # the trainer's smoke-policy cache: the same recipe key reloads it as is
+        warm_key = warm_start_key(args.warm_start_from)
+        if warm_key is None:
+            raise SystemExit(f"--warm-start-from {args.warm_start_from}: no smoke_recipe.json there (give the folder "
+                             "an earlier arm wrote with --save-warm-start)")
+        shutil.copytree(args.warm_start_from, os.path.join(run_dir, "smoke_policy"))
+        report["warm_start_from"] = args.warm_start_from
     try:
-        result = train(settings, callbacks=_callbacks(args.budget_s, run_dir, steps_path, args.turns))
+        result = train(settings, callbacks=_callbacks(args.budget_s, run_dir, steps_path, args.turns, warm_key))
         report.update(ok=True, global_step=result.get("global_step"), evaluations=result.get("evaluations"),
                       train_runtime_s=result.get("train_runtime_s"))
     except Exception as exc:  # keep whatever the run wrote
@@ -230,6 +272,10 @@ def run_arm(args) -> dict:
         with open(recipe) as f:
             ws = json.load(f).get("warm_start") or {}
         report["warm_start"] = {k: v for k, v in ws.items() if k != "completion_tokens"}
+    report["warm_start_sha256"] = weights_sha256(os.path.join(run_dir, "smoke_policy"))
+    if args.save_warm_start and os.path.isdir(os.path.join(run_dir, "smoke_policy")):
+        shutil.rmtree(args.save_warm_start, ignore_errors=True)
+        shutil.copytree(os.path.join(run_dir, "smoke_policy"), args.save_warm_start)
     report["steps"] = read_steps(run_dir, args.turns) if os.path.isdir(run_dir) else []
     _write(steps_path, report["steps"])
 
@@ -286,11 +332,12 @@ def _print_arm(report: dict) -> None:
     print(f"ok={report.get('ok')} steps={report.get('global_step')} wall={report['wall_s']} s")
 
 
-SETTINGS_FREE = ("lr", "control", "out", "arm", "trained_arm", "turn_credit")
+SETTINGS_FREE = ("lr", "control", "out", "arm", "trained_arm", "turn_credit", "warm_start_from", "save_warm_start",
+                 "summary_name")
 
 
-def summarize(folder: str, window: int = 3, trained_arm: str = "trained", name: str = "summary.json") -> dict:
-    """summary.json from `<trained_arm>.json` and control.json in `folder` (see the module docstring)."""
+def summarize(folder: str, window: int = 3, trained_arm: str = "trained", out_name: str = "summary.json") -> dict:
+    """`out_name` (summary.json) from `<trained_arm>.json` and control.json in `folder` (see the module docstring)."""
     arms = {}
     for arm, name in (("trained", trained_arm), ("control", "control")):
         with open(os.path.join(folder, f"{name}.json")) as f:
@@ -323,9 +370,16 @@ def summarize(folder: str, window: int = 3, trained_arm: str = "trained", name: 
     }
     out["learned"] = (out["trained_last_reward"] > out["trained_first_reward"]
                       and out["trained_last_reward"] - out["control_last_reward"] > std)
-    _write(os.path.join(folder, name), out)
+    # The window criterion reads 3 rounds at each end, so one lucky round can decide it; beside it,
+    # what uses every round: a line through each arm's rounds, and the mean of the rounds after the
+    # first (the first is sampled before any update) with its standard error.
+    out["trend"] = {a: trend(rewards[a]) for a in rewards}
+    out["same_warm_start"] = (None if not all(r.get("warm_start_sha256") for r in arms.values())
+                              else arms["trained"]["warm_start_sha256"] == arms["control"]["warm_start_sha256"])
+    _write(os.path.join(folder, out_name), out)
     print(json.dumps({k2: out[k2] for k2 in ("steps_compared", "trained_first_reward", "trained_last_reward",
-                                             "control_last_reward", "control_step_std", "learned")}, indent=2))
+                                             "control_last_reward", "control_step_std", "learned", "same_warm_start",
+                                             "trend")}, indent=2))
     for a in ("trained", "control"):
         t = out["trained_tasks"].get(a) or {}
         t1 = (t.get("by_turn") or [{}])[0]
@@ -334,6 +388,23 @@ def summarize(folder: str, window: int = 3, trained_arm: str = "trained", name: 
         h = out["heldout"].get(a) or {}
         print(f"held-out {a}: reward {_fmt(h.get('reward_mean'))} pass {_fmt(h.get('pass_rate'))} "
               f">eager {_fmt(h.get('faster_than_eager_rate'))} >compile {_fmt(h.get('faster_than_compile_rate'))}")
+    return out
+
+
+def trend(rewards: list[float]) -> dict:
+    """Least-squares slope per round (with its standard error) and the mean of the rounds after the
+    first (with its standard error), of one arm's per-round mean rewards."""
+    n = len(rewards)
+    out: dict = {"rounds": n, "first_round": rewards[0] if rewards else None}
+    if n >= 3:
+        mx, my = (n - 1) / 2, statistics.fmean(rewards)
+        sxx = sum((i - mx) ** 2 for i in range(n))
+        slope = sum((i - mx) * (y - my) for i, y in enumerate(rewards)) / sxx
+        resid = sum((y - my - slope * (i - mx)) ** 2 for i, y in enumerate(rewards))
+        out.update(slope=slope, slope_se=math.sqrt(resid / (n - 2) / sxx))
+    later = rewards[1:]
+    if len(later) >= 2:
+        out.update(mean_after_first=statistics.fmean(later), mean_after_first_se=statistics.stdev(later) / math.sqrt(len(later)))
     return out
 
 
@@ -383,6 +454,10 @@ def parse(argv: list[str] | None = None):
     p.add_argument("--score-limit", type=int, default=8, help="held-out tasks scored (0: no scoring; -1: all)")
     p.add_argument("--score-samples", type=int, default=1)
     p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--warm-start-from", default=None, help="a warm-started policy an earlier arm saved "
+                   "(--save-warm-start): this arm starts from it, so both arms start from the same weights (the warm "
+                   "start on the GPU is not bit-reproducible: three runs of the same seed stopped after 280-345 steps)")
+    p.add_argument("--save-warm-start", default=None, help="copy this arm's warm-started policy here (a few MB)")
     p.add_argument("--summarize", default=None, help="write summary.json from trained.json and control.json in DIR")
     p.add_argument("--window", type=int, default=3, help="rounds averaged at each end (--summarize)")
     p.add_argument("--arm", default=None, help="the arm's name in --out (default: trained, or control with --control)")

@@ -22,8 +22,9 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
     common = ["--sample-seeds", "70", "--scale", "0.25", "--heldout-fraction", "0.3", "--steps", "1", "--turns", "2",
               "--num-generations", "2", "--tasks-per-step", "1", "--max-completion-length", "96", "--score-limit", "1",
               "--reward-workers", "2", "--limit-tasks", "2", "--out", str(tmp_path)]
-    trained = bench.main(common)
-    control = bench.main(common + ["--control"])
+    trained = bench.main(common + ["--save-warm-start", str(tmp_path / "warm")])
+    # the control starts from the trained arm's warm start (the GPU's is not bit-reproducible)
+    control = bench.main(common + ["--control", "--warm-start-from", str(tmp_path / "warm")])
     assert trained["ok"] and control["ok"] and trained["settings"]["lr"] > 0 and control["settings"]["lr"] == 0
     assert trained["global_step"] == control["global_step"] == 4  # --steps 1 round x --num-iterations 4
     assert trained["tasks"] == control["tasks"] and trained["tasks"]["train"] > 0  # the same tasks
@@ -44,6 +45,8 @@ def test_the_learning_benchmark_runs_both_arms_and_summarizes(tmp_path):
     for key in ("trained_first_reward", "trained_last_reward", "control_last_reward", "control_step_std"):
         assert isinstance(summary[key], float), key
     assert summary["same_settings"] and set(summary["heldout"]) == {"trained", "control"}
+    assert summary["same_warm_start"] and control["warm_start_from"] == str(tmp_path / "warm")
+    assert trained["warm_start_sha256"] == control["warm_start_sha256"] is not None
     assert json.loads((tmp_path / "summary.json").read_text())["steps_compared"] == 1
 
 
@@ -123,3 +126,43 @@ def test_summary_compares_a_named_trained_arm_with_the_control(tmp_path):
     # a setting outside the loss differs: not the same run
     (tmp_path / "control.json").write_text(json.dumps(arm([0.4] * 6, 0.0, seed=1)))
     assert not bench.summarize(str(tmp_path), 2, trained_arm="trained_scored")["same_settings"]
+
+
+def test_an_arm_refuses_a_warm_start_of_other_settings(tmp_path):
+    """--warm-start-from seeds the trainer's smoke-policy cache; if the recipe key there is not the
+    one this arm's settings build (other tasks, other warm-start settings), the trainer warm-starts
+    anew and the arms would not share a policy: the arm stops before its first round."""
+    bench = _bench()
+    run = tmp_path / "run" / "smoke_policy"
+    run.mkdir(parents=True)
+    (run / "smoke_recipe.json").write_text(json.dumps({"key": "rebuilt"}))
+    check = [c for c in bench._callbacks(60, str(tmp_path / "run"), str(tmp_path / "s.json"), 2, "given")
+             if type(c).__name__ == "SameWarmStart"]
+    with pytest.raises(RuntimeError, match="not start from the same policy"):
+        check[0].on_train_begin(None, None, None)
+    (run / "smoke_recipe.json").write_text(json.dumps({"key": "given"}))
+    check[0].on_train_begin(None, None, None)  # the given warm start: no complaint
+    assert not [c for c in bench._callbacks(60, str(tmp_path / "run"), str(tmp_path / "s.json"), 2)
+                if type(c).__name__ == "SameWarmStart"]
+
+
+def test_summary_reads_every_round_and_whether_the_arms_shared_a_warm_start(tmp_path):
+    """Beside the window criterion, a line through each arm's rounds (slope and its standard error)
+    and the mean after the first round; same_warm_start from the weights' digests."""
+    bench = _bench()
+
+    def arm(rewards, lr, sha):
+        return {"steps": [{"reward": r, "pass_rate": (r + 1) / 2} for r in rewards], "heldout": {}, "trained_tasks": {},
+                "warm_start": {}, "tasks": {"train": 8}, "device": "cpu", "warm_start_sha256": sha,
+                "settings": {"lr": lr, "control": lr == 0, "seed": 0}}
+
+    (tmp_path / "trained.json").write_text(json.dumps(arm([0.0, 0.1, 0.2, 0.3, 0.4], 3e-4, "a")))
+    (tmp_path / "control.json").write_text(json.dumps(arm([0.5, 0.3, 0.5, 0.3, 0.5], 0.0, "a")))
+    s = bench.summarize(str(tmp_path), 2)
+    assert s["same_warm_start"] is True
+    t, c = s["trend"]["trained"], s["trend"]["control"]
+    assert t["slope"] == pytest.approx(0.1) and t["slope_se"] == pytest.approx(0.0, abs=1e-12)
+    assert t["mean_after_first"] == pytest.approx(0.25) and c["mean_after_first"] == pytest.approx(0.4)
+    assert c["slope"] == pytest.approx(0.0) and c["slope_se"] > 0
+    (tmp_path / "control.json").write_text(json.dumps(arm([0.5] * 5, 0.0, "b")))
+    assert bench.summarize(str(tmp_path), 2)["same_warm_start"] is False
