@@ -292,6 +292,7 @@ class Pacer:
         self.blocks_s = 0.0  # wall time of the baseline blocks (inside the candidate's locked window)
         self.window_s = 0.0  # opening the quiet window (builds and idle baseline children stopped), inside it too
         self.compile_wait_s = 0.0  # waiting for the compile child (lock released meanwhile)
+        self.intervals_s = 0.0  # computing the ratio intervals (bootstrap) at each look, inside the window too
 
     # -- the child's requests ------------------------------------------------------------------
 
@@ -520,10 +521,12 @@ class Pacer:
     def intervals(self, session):
         from opsynth.reward.confidence import ratio_interval
 
+        t0 = time.perf_counter()
         out = []
         for kind in ("eager", "compile"):
             c, b = self.candidate_samples(session, kind), self.samples[kind]
             out.append(ratio_interval(c, b, self.cfg.confidence) if c and b else None)
+        self.intervals_s += time.perf_counter() - t0
         return out
 
     def decision(self, session) -> dict:

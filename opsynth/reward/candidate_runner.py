@@ -463,6 +463,7 @@ def _profiled_call(ctx, buffers, contents) -> tuple[list, list]:
 def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     """The rounds protocol with the parent (fresh inputs per call, a second pass when it asks), then the checks."""
     audit, cstate, off, rounds = ctx.audit, ctx.cstate, ctx.off, ctx.rounds
+    info, t_start = ctx.info, time.perf_counter()
     timer = ctx.timing.Timer(ctx.device, job.get("flush_l2", True))
     ctx.snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
     audit.stream_use.clear()
@@ -471,6 +472,11 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     chan = rounds.Channel(sandbox_fd())
     stacked = ctx.timed_inputs.stack_trials(contents)
     check_outputs, device_state, poison = _check_outputs, _device_state, _poison_outputs
+    # Where the locked time goes (diagnostics for the throughput benchmark; no decision reads them):
+    # the timer and stacked inputs, the rounds themselves, waiting on the parent's reply at each
+    # pass's end (its trailing baseline blocks and the decision), and the checks after the rounds.
+    info["timing_prep_s"] = round(time.perf_counter() - t_start, 4)
+    info["rounds_run_s"] = info["timing_done_s"] = 0.0
 
     def poison_outputs(outs):
         poison(ctx, outs)
@@ -492,10 +498,14 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     def timed_pass(first: int) -> tuple[dict, int, int]:
         """One pass from round `first`, as long as the parent sends seeds: (kept outputs, rounds run, rounds asked for next)."""
         try:
+            t0 = time.perf_counter()
             kept, fps = rounds.run_rounds(ctx.guarded, buffers, stacked, timer, chan, first,
                                           fresh="fresh_inputs" not in off, trials=contents, before_call=before_call,
                                           check_call=check_call, after_report=poison_outputs)
+            t1 = time.perf_counter()
             rep = chan.request({"kind": "timing_done"})
+            info["rounds_run_s"] = round(info["rounds_run_s"] + t1 - t0, 4)
+            info["timing_done_s"] = round(info["timing_done_s"] + time.perf_counter() - t1, 4)
         except Reject:
             raise
         except rounds.ProtocolError as e:
@@ -516,6 +526,7 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
         more, ran, again = timed_pass(done)
         done += ran
         kept.update(more)
+    t_checks = time.perf_counter()
     if len(audit.violations) > n_viol:
         raise Reject("fallback", f"timing: blocked op {audit.violations[n_viol]} swallowed")
     _check_upcasts(ctx, "timing", n_up)
@@ -524,6 +535,7 @@ def _timed_rounds(ctx, job, buffers, contents) -> tuple[dict, int]:
     if ctx.guards.new_python_threads(ctx.base_threads):
         raise Reject("side_stream", "timing: thread still running after forward returned")
     ctx.check_harness("timing")
+    info["timing_checks_s"] = round(time.perf_counter() - t_checks, 4)
     return kept, done
 
 

@@ -265,11 +265,13 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["build_s"] = res.data.get("build_s")
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
     times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)
-    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "timing_wait_s", "rounds_s"):  # parts of setup_s; the checks; locked_s
+    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
+              "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s"):  # parts of rounds_s (the child's clock)
         if res.data.get(k) is not None:
             times[k] = res.data[k]
     times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
     times["quiet_window_s"] = round(pacer.window_s, 3)  # part of rounds_s: stopping builds and idle baseline children
+    times["intervals_s"] = round(pacer.intervals_s, 3)  # part of rounds_s: the ratio intervals (bootstrap) it looked at
     if pacer.compile_wait_s:
         times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
         if times.get("locked_s") is not None:  # the device was not held meanwhile

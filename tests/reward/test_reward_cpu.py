@@ -114,6 +114,18 @@ def test_fast_candidate_beats_eager(chain_results):
 
 
 @pytest.mark.slow
+def test_the_timing_window_is_broken_down_where_the_throughput_benchmark_reads_it(chain_results):
+    """rounds_s (the device held to itself) splits into the child's rounds, its waits on the parent
+    at each pass's end (trailing baseline blocks, the decision, a compile child's start), and the
+    preparation and checks around them: the throughput benchmark's table of where the lock goes."""
+    t = chain_results["fast"].times
+    parts = ("timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s")
+    assert all(t[k] >= 0 for k in parts) and t["rounds_run_s"] > 0, t
+    assert sum(t[k] for k in parts) <= t["rounds_s"] + 0.01, t
+    assert 0 < t["intervals_s"] <= t["rounds_s"] + t.get("compile_wait_s", 0), t
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["completion", "workspace"])
 def test_other_formats(chain_results, name):
     r = chain_results[name]
