@@ -316,6 +316,8 @@ def _row(res) -> dict:
         "baseline": b.get("eager"),
         "candidate_ms": res.times.get("candidate_ms"),
         "eager_ms": res.times.get("eager_ms"),
+        # the claims' host part beyond the device's clock (candidate, reference): does load explain a flip?
+        "host_ms": res.times.get("host_ms"), "reference_host_ms": res.times.get("reference_host_ms"),
         "compile_ratio": (d.get("compile") or {}).get("ratio"),
     }
 

@@ -360,6 +360,11 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     times["call_overhead_ms"] = round(statistics.median(rounds.call_overheads()), 3)
     times["reference_round_overhead_ms"] = round(statistics.median(ref.rounds.overheads()), 3)
     times["reference_call_overhead_ms"] = round(statistics.median(ref.rounds.call_overheads()), 3)
+    # How much of a claim is host time beyond the device's clock (launch, event records, the sync's
+    # wake-up), the candidate's and the reference's: diagnostics for between-run spread
+    for key, sess in (("host_ms", rounds), ("reference_host_ms", ref.rounds)):
+        shares = sess.host_shares()
+        times[key] = round(statistics.median(shares), 4) if shares else None
     # What a round costs the device, the gap to the next one included; the rounds run, by pass
     periods, ref_periods = rounds.periods(), ref.rounds.periods()
     times["round_period_ms"] = round(statistics.median(periods), 3) if periods else None

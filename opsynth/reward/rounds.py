@@ -149,6 +149,7 @@ class RoundSession:
     before: dict = field(default_factory=dict)  # round -> parent ms from sending the seed to ready (inputs made)
     after: dict = field(default_factory=dict)  # round -> parent ms from returned to the report (less own_ms)
     settle: dict = field(default_factory=dict)  # round -> the child's timer settling before the start event (ms)
+    device_ms: dict = field(default_factory=dict)  # round -> the call on the device's clock, as the child says (diagnostic)
     wall: dict = field(default_factory=dict)  # round -> parent ms from seed request to report
     fps: dict = field(default_factory=dict)  # round -> fingerprints
     keys: dict = field(default_factory=dict)  # round -> hash of the inputs after the call (timed_inputs.input_key)
@@ -208,6 +209,9 @@ class RoundSession:
                         return self._fail(f"round {j}: malformed settling time {settle!r}")
                     self.claims[j] = float(ms)
                     self.settle[j] = float(settle)
+                    dev = req.get("device_ms")  # diagnostic only: no decision reads it
+                    if isinstance(dev, (int, float)) and 0 <= dev <= ms:
+                        self.device_ms[j] = float(dev)
                     self.call_wall[j] = (now - self.ready[j]) * 1e3
                     self.returned[j] = now
                     self.step = "round_done"
@@ -309,6 +313,11 @@ class RoundSession:
         """Rounds run, by pass: warm-up, main (timed), added by the pacer, re-measure."""
         return {"warmup": self.plan.warmup, "main": self.main_end - self.main_extra - self.plan.warmup, "extended": self.main_extra,
                 "remeasure": self.again, "total": self.next_round}
+
+    def host_shares(self) -> list[float]:
+        """Per timed round, the claim's host part: claim minus the call on the device's clock (0 on the
+        CPU backend, where both are the host's). Load stretches it; the device's clock does not see it."""
+        return [self.claims[j] - self.device_ms[j] for j in self.timed(main=True) if j in self.device_ms and j in self.claims]
 
     def call_overheads(self) -> list[float]:
         """Per round, the parent's ms beyond the claimed time between `ready` and `returned`."""
@@ -499,6 +508,7 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: in
     kept: dict = {}
     fps: dict = {}
     settled = getattr(timer, "settled", None) or [0.0]  # the timer's settling before each call (cuda)
+    device_ms = getattr(timer, "device_ms", None) or [0.0]  # the last call on the device's clock
     seed = {"s": int(_ask(chan, {"kind": "round_start", "j": first})["seed"])}
 
     def start(j):
@@ -519,7 +529,8 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: in
     def end(j, ms, out):
         # Waited for too: a child that went on computing meanwhile would take the core from the parent's
         # reader on a loaded machine, and the late clock would widen the window the wall-clock check allows
-        _ask(chan, {"kind": "round_returned", "j": j, "ms": float(ms), "settle_ms": float(settled[0])})
+        _ask(chan, {"kind": "round_returned", "j": j, "ms": float(ms), "settle_ms": float(settled[0]),
+                    "device_ms": float(device_ms[0])})
         outs = as_output_list(out)
         if check_call is not None:
             check_call(j, outs)  # plain tensors only, before any harness op touches them

@@ -207,6 +207,10 @@ class Timer:
         # work queued before the call finishes untimed; a list, so the instance's attributes keep their
         # identity (the reward's harness snapshot watches them)
         self.settled = [0.0]
+        # ms of the last call on the device's own clock (the events), beside the claim, which is the
+        # larger of that and the host's wall from the start event to the sync after the call; their
+        # difference is host time (launch, event records, the sync's wake-up) that load can stretch
+        self.device_ms = [0.0]
         if self.cuda:
             self.sync = torch.cuda.synchronize
             self.event = torch.cuda.Event
@@ -228,10 +232,12 @@ class Timer:
             end.record()
             self.sync()
             wall = (_perf_counter() - t0) * 1e3
-            return max(start.elapsed_time(end), wall), out
+            self.device_ms[0] = device = start.elapsed_time(end)
+            return max(device, wall), out
         t0 = _perf_counter()
         out = fn(*args)
-        return (_perf_counter() - t0) * 1e3, out
+        self.device_ms[0] = ms = (_perf_counter() - t0) * 1e3
+        return ms, out
 
 
 def time_forward(fn, buffers: list, contents_list: list, timer: Timer, warmup: int, repeats: int, on_output=None):

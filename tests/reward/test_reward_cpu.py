@@ -123,6 +123,7 @@ def test_the_timing_window_is_broken_down_where_the_throughput_benchmark_reads_i
     assert all(t[k] >= 0 for k in parts) and t["rounds_run_s"] > 0, t
     assert sum(t[k] for k in parts) <= t["rounds_s"] + 0.01, t
     assert 0 < t["intervals_s"] <= t["rounds_s"] + t.get("compile_wait_s", 0), t
+    assert t["host_ms"] == t["reference_host_ms"] == 0.0, t  # the CPU backend: the claim is the host's clock
 
 
 @pytest.mark.slow

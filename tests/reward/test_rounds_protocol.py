@@ -87,6 +87,23 @@ def test_a_child_runs_exactly_the_rounds_it_gets_seeds_for_one_at_a_time():
     assert not s.handle({"kind": "round_ready", "j": 0})["ok"]
 
 
+def test_each_round_reports_the_device_clock_beside_its_claim_and_the_host_share_is_their_difference():
+    """The timer's device-clock time travels with each claim (diagnostic: the claim's host part is what
+    load stretches); on the CPU backend both are the host's clock, so the host share is 0. A device
+    time above the claim cannot be and is dropped."""
+    plan = TimingPlan.draw(1, 4, 1e-2, 1e-2)
+    s = RoundSession(plan)
+    _play(s, _sleepy(1.0), _trials())
+    assert sorted(s.device_ms) == list(range(plan.main)) and s.host_shares() == [0.0] * (plan.main - plan.warmup)
+    s = RoundSession(TimingPlan.draw(0, 2, 1e-2, 1e-2))
+    s.handle({"kind": "round_start", "j": 0})
+    for j, dev in ((0, 0.75), (1, 2.0)):
+        s.handle({"kind": "round_ready", "j": j})
+        s.handle({"kind": "round_returned", "j": j, "ms": 1.0, "device_ms": dev})
+        s.handle({"kind": "round_done", "j": j, "fp": [], "key": 1})
+    assert s.device_ms == {0: 0.75} and s.host_shares() == [0.25]
+
+
 def test_the_next_seed_comes_only_with_the_previous_report():
     plan = TimingPlan.draw(0, 3, 1e-2, 1e-2)
     s = RoundSession(plan)
