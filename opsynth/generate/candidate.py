@@ -96,6 +96,7 @@ class Candidate:
             rec["gpu_sections"], rec["gpu"] = self.verified.gpu_sections, self.gpu
             rec["device_sections"] = self.verified.device_sections
             rec["timed"] = self.verified.timed
+            rec["compiles"], rec["graphs"] = self.verified.compiles, self.verified.graphs
         if self.accepted:
             rec["calib_steps"] = self.verified.calib_steps
         return rec

@@ -458,6 +458,7 @@ class WorkerPool:
             for k in ("lock_wait_s", "ready_wait_s"):  # the stage accounting keeps both attempts
                 retry[k] = float(retry.get(k) or 0.0) + float(reply.get(k) or 0.0)
             retry["sections"] = [*(reply.get("sections") or []), *(retry.get("sections") or [])]
+            retry["graphs"] = int(retry.get("graphs") or 0) + int(reply.get("graphs") or 0)
             return retry
         return reply
 
@@ -467,7 +468,9 @@ class WorkerPool:
                             torch_version=self.torch_version, elapsed_s=elapsed,
                             stage_s=stage_seconds(replies or [], elapsed), gpu_sections=gpu_sections(replies or []),
                             device_sections=device_sections(replies or []),
-                            timed=[t for _, rep in replies or () for t in rep.get("timed") or ()], **kw)
+                            timed=[t for _, rep in replies or () for t in rep.get("timed") or ()],
+                            compiles=sum(op == "compile" for op, _ in replies or ()),
+                            graphs=sum(int(rep.get("graphs") or 0) for _, rep in replies or ()), **kw)
 
     def _verify_task(self, index: int, source: str) -> VerifyResult:
         t0 = time.monotonic()

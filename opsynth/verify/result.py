@@ -70,6 +70,8 @@ class VerifyResult:
     gpu_sections: list = field(default_factory=list)  # (start, end) wall-clock seconds of device work
     device_sections: dict = field(default_factory=dict)  # the same and compile's, by kind (stages.device_sections)
     timed: list = field(default_factory=list)  # each timing the workers ran: op, runs, warmup, stop, spent_ms (worker.py)
+    compiles: int = 0  # compile requests made: 0 when rejected before compiling, else 1
+    graphs: int = 0  # graphs Dynamo compiled for it (graph breaks and recompiles add one each; an OOM retry's too)
     # Known once the eager checks passed (opsynth.verify.checks.choose_mode, opsynth.verify.tracing):
     mode: str | None = None  # "train" or "eval": the mode the task means (opsynth.render.task_file)
     signature: str | None = None  # the forward's call graph up to sizes and constants

@@ -9,7 +9,8 @@ keeps only a tail), so printing cannot corrupt the protocol.
 Requests: ``{"op": "eager", "source": ...}`` runs the eager checks and times the task;
 ``{"op": "compile", "source": ...}`` compiles it and compares and times the compiled model;
 ``{"op": "peaks"}`` measures the device's peak rates (recorded by the pipeline, once per run).
-Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "recycle": bool, ...}``;
+Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "recycle": bool,
+"graphs": int (graphs Dynamo compiled for the request), ...}``;
 ``{"event": "pause", "kind": "lock" | "import"}`` and ``{"event": "resume"}`` bracket time the
 worker spends waiting for the shared timing lock or importing the compiler stack, which does not
 count against the task's timeout.
@@ -66,6 +67,17 @@ def _freeze_survivors() -> None:
     never a task's objects, which are dropped and collected before the freeze."""
     gc.collect()
     gc.freeze()
+
+
+def _graphs_compiled() -> int:
+    """Graphs Dynamo compiled in this process so far (its `unique_graphs` counter, which
+    `torch._dynamo.reset()` leaves alone): a compile request's difference says how many graphs one
+    candidate cost (graph breaks and recompiles each add one)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _watch_parent(req_fd: int) -> None:
@@ -447,6 +459,7 @@ class Worker:
         self.timed = []
         self._share = None  # memory_share sets it for this request
         started = time.time()
+        graphs_before = _graphs_compiled()
         try:
             exclusive = bool(msg.get("exclusive"))
             with self.memory_share(exclusive), (self.timing_lock() if exclusive else nullcontext()):
@@ -475,6 +488,7 @@ class Worker:
             _freeze_survivors()
         self.sections.append(["cleanup", t_clean, time.time()])
         reply["sections"], reply["lock_wait_s"], reply["timed"] = self.sections, self.lock_wait_s, self.timed
+        reply["graphs"] = _graphs_compiled() - graphs_before
         reply["event"] = "reply"
         return reply
 
