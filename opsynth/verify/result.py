@@ -42,6 +42,8 @@ REASONS: dict[str, str] = {
     "predicted_oom": "the memory a verifier request is predicted to hold (times verify.mem_safety) is above what one "
                      "request may use on the device (verify.task_mem_budget_mb), at every batch_size that reaches the "
                      "runtime target: rejected by sizing, before any device work",
+    "compile_skipped": "passed the eager checks and band; the caller stopped it before torch.compile (it will "
+                       "reject it anyway: WorkerPool.verify's go_compile)",
     "compile_error": "torch.compile (or running the compiled model) raised",
     "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
     "worker_error": "the verifier itself failed (a bug, not the task's fault)",
