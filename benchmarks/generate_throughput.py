@@ -371,7 +371,7 @@ class TimingTally:
 class CompileTally:
     """The compile stage from the candidates' records: compile requests made (`compiles`), graphs
     Dynamo compiled for them (`graphs`: graph breaks and recompiles add one each), the seconds of
-    their compile sections, and which compiled candidates were rejected anyway (by the verifier, by
+    their compile sections and what of them was compiling (`compile_split`), and which compiled candidates were rejected anyway (by the verifier, by
     reason; after it: the committer's duplicates). Per accepted row, the compile work each row costs."""
 
     def __init__(self) -> None:
@@ -379,6 +379,7 @@ class CompileTally:
         self.compile_s = 0.0
         self.rejected: dict[str, int] = {}
         self.graphs_per_compile: dict[int, int] = {}
+        self.split: dict[str, float] = {}  # dynamo_s, backend_s, share_wait_s (opsynth.verify.worker)
 
     def add(self, rec: dict) -> None:
         n = int(rec.get("compiles") or 0)
@@ -386,6 +387,8 @@ class CompileTally:
         if not n:
             return
         g = int(rec.get("graphs") or 0)
+        for k, v in (rec.get("compile_split") or {}).items():
+            self.split[k] = self.split.get(k, 0.0) + float(v)
         self.compiles += n
         self.graphs += g
         self.graphs_per_compile[g] = self.graphs_per_compile.get(g, 0) + 1
@@ -398,6 +401,8 @@ class CompileTally:
         out = {"compiles": self.compiles, "graphs": self.graphs, "compile_s": round(self.compile_s, 2),
                "compile_s_per_compile": round(self.compile_s / self.compiles, 4) if self.compiles else None,
                "graphs_per_compile": dict(sorted(self.graphs_per_compile.items())),
+               "split_s_per_compile": {k: round(v / self.compiles, 4) for k, v in sorted(self.split.items())}
+               if self.compiles else {},
                "compiled_then_rejected_by_verifier": dict(sorted(self.rejected.items()))}
         if accepted:
             out.update(compiles_per_accepted=round(self.compiles / accepted, 4),
@@ -444,6 +449,7 @@ def floors(d: dict) -> dict:
            "compiles_per_accepted": (d.get("compile") or {}).get("compiles_per_accepted"),
            "compile_s_per_accepted": (d.get("compile") or {}).get("compile_s_per_accepted"),
            "graphs_per_compile": (d.get("compile") or {}).get("graphs_per_compile"),
+           "compile_split_s_per_compile": (d.get("compile") or {}).get("split_s_per_compile"),
            "gap_to_timing_floor": round(wall / timing, 2) if timing else None,
            "gap_to_device_floor": round(wall / (timing + checks), 2) if timing + checks else None,
            "note": "timing floor: the timed runs, which hold the device alone (a hard minimum); device floor: "
@@ -471,7 +477,9 @@ def print_floors(f: dict) -> None:
               f"timed runs per timing {f.get('timed_runs_per_timing')}; stops {f.get('timing_stops')}")
     if f.get("compiles_per_accepted") is not None:
         print(f"   compile: {f['compiles_per_accepted']} compiles and {f['compile_s_per_accepted']} s per accepted row; "
-              f"graphs per compile {f.get('graphs_per_compile')}")
+              f"graphs per compile {f.get('graphs_per_compile')}; per compile, of its section: "
+              f"{f.get('compile_split_s_per_compile')} (Dynamo's frame compiles, their backend's part, "
+              f"the wait for the memory share after code generation)")
 
 
 # ---- the fresh-process baseline --------------------------------------------------------------------

@@ -102,6 +102,7 @@ class Candidate:
             rec["device_sections"] = self.verified.device_sections
             rec["timed"] = self.verified.timed
             rec["compiles"], rec["graphs"] = self.verified.compiles, self.verified.graphs
+            rec["compile_split"] = self.verified.compile_split
         if self.accepted:
             rec["calib_steps"] = self.verified.calib_steps
         return rec

@@ -53,6 +53,15 @@ from .stages import device_sections, gpu_sections, stage_seconds
 _TAIL_BYTES = 16 * 1024
 
 
+def _summed(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise sums of the replies' number dicts (a task's `compile_split`)."""
+    out: dict[str, float] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = round(out.get(k, 0.0) + float(v), 4)
+    return out
+
+
 class WorkerGone(Exception):
     """The worker did not answer: it died, ran past its timeout, or outgrew its memory."""
 
@@ -464,6 +473,7 @@ class WorkerPool:
                 retry[k] = float(retry.get(k) or 0.0) + float(reply.get(k) or 0.0)
             retry["sections"] = [*(reply.get("sections") or []), *(retry.get("sections") or [])]
             retry["graphs"] = int(retry.get("graphs") or 0) + int(reply.get("graphs") or 0)
+            retry["compile_split"] = _summed([reply.get("compile_split") or {}, retry.get("compile_split") or {}])
             return retry
         return reply
 
@@ -475,7 +485,8 @@ class WorkerPool:
                             device_sections=device_sections(replies or []),
                             timed=[t for _, rep in replies or () for t in rep.get("timed") or ()],
                             compiles=sum(op == "compile" for op, _ in replies or ()),
-                            graphs=sum(int(rep.get("graphs") or 0) for _, rep in replies or ()), **kw)
+                            graphs=sum(int(rep.get("graphs") or 0) for _, rep in replies or ()),
+                            compile_split=_summed([rep.get("compile_split") or {} for _, rep in replies or ()]), **kw)
 
     def _verify_task(self, index: int, source: str, go_compile=None) -> VerifyResult:
         t0 = time.monotonic()

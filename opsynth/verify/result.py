@@ -74,6 +74,9 @@ class VerifyResult:
     timed: list = field(default_factory=list)  # each timing the workers ran: op, runs, warmup, stop, spent_ms (worker.py)
     compiles: int = 0  # compile requests made: 0 when rejected before compiling, else 1
     graphs: int = 0  # graphs Dynamo compiled for it (graph breaks and recompiles add one each; an OOM retry's too)
+    # Of the compile stage's seconds: Dynamo's frame compiles (dynamo_s), their backend's part (backend_s),
+    # and the wait to take the memory share again after code generation (share_wait_s; worker.py).
+    compile_split: dict = field(default_factory=dict)
     # Known once the eager checks passed (opsynth.verify.checks.choose_mode, opsynth.verify.tracing):
     mode: str | None = None  # "train" or "eval": the mode the task means (opsynth.render.task_file)
     signature: str | None = None  # the forward's call graph up to sizes and constants

@@ -10,7 +10,8 @@ Requests: ``{"op": "eager", "source": ...}`` runs the eager checks and times the
 ``{"op": "compile", "source": ...}`` compiles it and compares and times the compiled model;
 ``{"op": "peaks"}`` measures the device's peak rates (recorded by the pipeline, once per run).
 Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "recycle": bool,
-"graphs": int (graphs Dynamo compiled for the request), ...}``;
+"graphs": int (graphs Dynamo compiled for the request), "compile_split": {dynamo_s, backend_s,
+share_wait_s}, ...}``;
 ``{"event": "pause", "kind": "lock" | "import"}`` and ``{"event": "resume"}`` bracket time the
 worker spends waiting for the shared timing lock or importing the compiler stack, which does not
 count against the task's timeout.
@@ -78,6 +79,18 @@ def _graphs_compiled() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def _compile_seconds() -> tuple[float, float]:
+    """Seconds Dynamo spent compiling frames in this process so far, and the part of them its backend
+    took (AOTAutograd and inductor: lowering, code generation, kernel builds), from torch's own
+    `compilation_time_metrics`: what a compile request's section spent compiling, apart from its
+    reference forwards, compiled calls, comparisons and the wait for its memory share."""
+    if "torch._dynamo" not in sys.modules:
+        return 0.0, 0.0
+    from torch._dynamo.utils import compilation_time_metrics as m
+
+    return sum(m.get("_compile.compile_inner", ())), sum(m.get("OutputGraph.call_user_compiler", ()))
 
 
 def _watch_parent(req_fd: int) -> None:
@@ -459,7 +472,7 @@ class Worker:
         self.timed = []
         self._share = None  # memory_share sets it for this request
         started = time.time()
-        graphs_before = _graphs_compiled()
+        graphs_before, compile_before, wait_before = _graphs_compiled(), _compile_seconds(), self._aside.wait_s
         try:
             exclusive = bool(msg.get("exclusive"))
             with self.memory_share(exclusive), (self.timing_lock() if exclusive else nullcontext()):
@@ -489,6 +502,9 @@ class Worker:
         self.sections.append(["cleanup", t_clean, time.time()])
         reply["sections"], reply["lock_wait_s"], reply["timed"] = self.sections, self.lock_wait_s, self.timed
         reply["graphs"] = _graphs_compiled() - graphs_before
+        spent = [b - a for a, b in zip(compile_before, _compile_seconds())]
+        reply["compile_split"] = {"dynamo_s": round(spent[0], 4), "backend_s": round(spent[1], 4),
+                                  "share_wait_s": round(self._aside.wait_s - wait_before, 4)}
         reply["event"] = "reply"
         return reply
 

@@ -183,6 +183,7 @@ def test_a_candidate_whose_forward_is_committed_skips_its_compile(cfgs, accepted
     rec = candidate.process_candidate(0, SEED, sampler, verify, dedup, True, committed=frozenset({sig}))
     assert (rec["accepted"], rec["reason"], rec["trace_signature"]) == (False, "semantic_duplicate", sig), rec
     assert rec["compiles"] == 0 and rec["graphs"] == 0 and rec["stage_s"]["compile"] == 0
+    assert accepted["compile_split"]["dynamo_s"] > 0 and rec["compile_split"]["dynamo_s"] == 0
     assert rec["stage_s"]["eager_checks"] > 0
     other = candidate.process_candidate(0, SEED, sampler, verify, dedup, True, committed=frozenset({"0" * 16}))
     measured = ("eager_ms", "compile_ms")
