@@ -254,20 +254,20 @@ class _Committer:
 
 
 class _CommittedFeed:
-    """The committed rows' trace signatures, as a Dask future each candidate is submitted with (a
-    worker skips torch.compile for a match). Scattered again once the index grew by a sixteenth
-    since the last time (at least one row), so a long run ships it a few dozen times, not per row;
-    a candidate sent with an older copy only compiles a duplicate it could have skipped."""
+    """The committed rows' trace signatures each candidate is submitted with (a worker skips
+    torch.compile for a match), sent by value: 17 bytes a row, pickled with each candidate. (A
+    scattered future hung the commit: the candidate holding it never came back.) Rebuilt once the
+    index grew by a sixteenth since the last time (at least one row); a candidate sent with an older
+    copy only compiles a duplicate it could have skipped."""
 
-    def __init__(self, client, index, on: bool = True) -> None:
-        self.client, self.index, self.on, self.size, self.future = client, index, on, 0, None
+    def __init__(self, index, on: bool = True) -> None:
+        self.index, self.on, self.size, self.snapshot = index, on, 0, None
 
-    def current(self):
+    def current(self) -> frozenset | None:
         n = len(self.index)
         if self.on and n and n - self.size >= max(1, self.size // 16):
-            self.future = self.client.scatter([self.index.signatures()], hash=False)[0]  # one object, not its items
-            self.size = n
-        return self.future
+            self.snapshot, self.size = self.index.signatures(), n
+        return self.snapshot
 
 
 def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
@@ -444,7 +444,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     next_submit = committer.next_index
     flushed_at = writer.num_rows
     ac = as_completed()
-    feed = _CommittedFeed(client, committer.semantic, on=cfg.skip_duplicate_compiles)
+    feed = _CommittedFeed(committer.semantic, on=cfg.skip_duplicate_compiles)
 
     def target_in_flight() -> int:
         remaining = max(cfg.n_tasks - committer.rows, 1)

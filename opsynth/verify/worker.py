@@ -185,6 +185,7 @@ class Worker:
         if self.device == "cpu":
             self._limit_address_space()
         self._frozen_after_compile = False
+        self._compile_base = (0.0, 0.0)  # _compile_seconds() at the start of this request's compiles
         _freeze_survivors()
 
     def _limit_address_space(self) -> None:
@@ -386,6 +387,7 @@ class Worker:
             protocol.send(self.resp_fd, {"event": "resume"})
         t_request = time.time()
         torch._dynamo.reset()
+        self._compile_base = _compile_seconds()
         kind = C.read_kind(source)
         tol = C.kind_tolerance(kind, c)
         mod = C.load_task(source)
@@ -472,7 +474,8 @@ class Worker:
         self.timed = []
         self._share = None  # memory_share sets it for this request
         started = time.time()
-        graphs_before, compile_before, wait_before = _graphs_compiled(), _compile_seconds(), self._aside.wait_s
+        graphs_before, wait_before = _graphs_compiled(), self._aside.wait_s
+        self._compile_base = _compile_seconds()  # compile() takes it again after torch._dynamo.reset(), which clears them
         try:
             exclusive = bool(msg.get("exclusive"))
             with self.memory_share(exclusive), (self.timing_lock() if exclusive else nullcontext()):
@@ -502,7 +505,7 @@ class Worker:
         self.sections.append(["cleanup", t_clean, time.time()])
         reply["sections"], reply["lock_wait_s"], reply["timed"] = self.sections, self.lock_wait_s, self.timed
         reply["graphs"] = _graphs_compiled() - graphs_before
-        spent = [b - a for a, b in zip(compile_before, _compile_seconds())]
+        spent = [b - a for a, b in zip(self._compile_base, _compile_seconds())]
         reply["compile_split"] = {"dynamo_s": round(spent[0], 4), "backend_s": round(spent[1], 4),
                                   "share_wait_s": round(self._aside.wait_s - wait_before, 4)}
         reply["event"] = "reply"
