@@ -163,7 +163,7 @@ def window_child(spec: dict) -> int:
     stop = threading.Event()
     lock = threading.Lock()
     recs = {"n": 0, "verified": 0, "first_t": None, "sections": {}, "kinds": {}, "reasons": {}}
-    tally = TimingTally()
+    tally, compiles = TimingTally(), CompileTally()
     machine = MachineSampler(spec["device"]).start()
     t0 = PROCESS_T0
     t_stop = [None]
@@ -176,7 +176,8 @@ def window_child(spec: dict) -> int:
                  "window_s": seconds, "wall_s": round(wall, 2), "records": recs["n"],
                  "verifier_accepted": recs["verified"], "reasons_seen": dict(recs["reasons"]),
                  "first_result_s": round(recs["first_t"] - t0, 2) if recs["first_t"] else None,
-                 "timing": tally.summary(summary["accepted"] if summary is not None else None)}
+                 "timing": tally.summary(summary["accepted"] if summary is not None else None),
+                 "compile": compiles.summary(summary["accepted"] if summary is not None else None)}
             busy = {str(g): union_seconds(iv, t0, now) / wall for g, iv in recs["sections"].items()} if wall > 0 else {}
             first = recs["first_t"]
             sustained = now - first if first else 0.0
@@ -236,6 +237,7 @@ def window_child(spec: dict) -> int:
             recs["first_t"] = recs["first_t"] or now
             recs["verified"] += bool(rec.get("accepted"))
             tally.add(rec)
+            compiles.add(rec)
             r = rec.get("reason") or "accepted"
             recs["reasons"][r] = recs["reasons"].get(r, 0) + 1
             gpu = rec.get("gpu") if rec.get("gpu") is not None else 0
@@ -366,6 +368,50 @@ class TimingTally:
         return out
 
 
+class CompileTally:
+    """The compile stage from the candidates' records: compile requests made (`compiles`), graphs
+    Dynamo compiled for them (`graphs`: graph breaks and recompiles add one each), the seconds of
+    their compile sections and what of them was compiling (`compile_split`), and which compiled candidates were rejected anyway (by the verifier, by
+    reason; after it: the committer's duplicates). Per accepted row, the compile work each row costs."""
+
+    def __init__(self) -> None:
+        self.compiles = self.graphs = self.verifier_accepted = 0
+        self.compile_s = 0.0
+        self.rejected: dict[str, int] = {}
+        self.graphs_per_compile: dict[int, int] = {}
+        self.split: dict[str, float] = {}  # dynamo_s, backend_s, share_wait_s (opsynth.verify.worker)
+
+    def add(self, rec: dict) -> None:
+        n = int(rec.get("compiles") or 0)
+        self.compile_s += float((rec.get("stage_s") or {}).get("compile") or 0.0)
+        if not n:
+            return
+        g = int(rec.get("graphs") or 0)
+        for k, v in (rec.get("compile_split") or {}).items():
+            self.split[k] = self.split.get(k, 0.0) + float(v)
+        self.compiles += n
+        self.graphs += g
+        self.graphs_per_compile[g] = self.graphs_per_compile.get(g, 0) + 1
+        if rec.get("accepted"):
+            self.verifier_accepted += 1
+        else:
+            self.rejected[rec.get("reason") or "?"] = self.rejected.get(rec.get("reason") or "?", 0) + 1
+
+    def summary(self, accepted: int | None = None) -> dict:
+        out = {"compiles": self.compiles, "graphs": self.graphs, "compile_s": round(self.compile_s, 2),
+               "compile_s_per_compile": round(self.compile_s / self.compiles, 4) if self.compiles else None,
+               "graphs_per_compile": dict(sorted(self.graphs_per_compile.items())),
+               "split_s_per_compile": {k: round(v / self.compiles, 4) for k, v in sorted(self.split.items())}
+               if self.compiles else {},
+               "compiled_then_rejected_by_verifier": dict(sorted(self.rejected.items()))}
+        if accepted:
+            out.update(compiles_per_accepted=round(self.compiles / accepted, 4),
+                       graphs_per_accepted=round(self.graphs / accepted, 4),
+                       compile_s_per_accepted=round(self.compile_s / accepted, 4),
+                       compiled_then_rejected_after_verifier=self.verifier_accepted - accepted)
+        return out
+
+
 # ---- floors: how far the sustained rate is from what the device work needs ---------------------------
 
 DEVICE_STAGES = {"eager_checks": "checks", "calibration": "checks", "compile": "compile", "timing": "timing"}
@@ -400,6 +446,10 @@ def floors(d: dict) -> dict:
            "timed_then_rejected_after_verifier": tim.get("timed_then_rejected_after_verifier"),
            "timed_runs_per_timing": {op: v["runs_mean"] for op, v in (tim.get("per_timing") or {}).items()},
            "timing_stops": tim.get("stops"),
+           "compiles_per_accepted": (d.get("compile") or {}).get("compiles_per_accepted"),
+           "compile_s_per_accepted": (d.get("compile") or {}).get("compile_s_per_accepted"),
+           "graphs_per_compile": (d.get("compile") or {}).get("graphs_per_compile"),
+           "compile_split_s_per_compile": (d.get("compile") or {}).get("split_s_per_compile"),
            "gap_to_timing_floor": round(wall / timing, 2) if timing else None,
            "gap_to_device_floor": round(wall / (timing + checks), 2) if timing + checks else None,
            "note": "timing floor: the timed runs, which hold the device alone (a hard minimum); device floor: "
@@ -425,6 +475,11 @@ def print_floors(f: dict) -> None:
               f"timed then rejected {f.get('timed_then_rejected')} (verifier "
               f"{f.get('timed_then_rejected_by_verifier_reasons')}, after it {f.get('timed_then_rejected_after_verifier')}); "
               f"timed runs per timing {f.get('timed_runs_per_timing')}; stops {f.get('timing_stops')}")
+    if f.get("compiles_per_accepted") is not None:
+        print(f"   compile: {f['compiles_per_accepted']} compiles and {f['compile_s_per_accepted']} s per accepted row; "
+              f"graphs per compile {f.get('graphs_per_compile')}; per compile, of its section: "
+              f"{f.get('compile_split_s_per_compile')} (Dynamo's frame compiles, their backend's part, "
+              f"the wait for the memory share after code generation)")
 
 
 # ---- the fresh-process baseline --------------------------------------------------------------------

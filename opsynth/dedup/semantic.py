@@ -23,6 +23,11 @@ class SemanticDupIndex:
     def __len__(self) -> int:
         return len(self._first)
 
+    def signatures(self) -> frozenset[str]:
+        """Every signature recorded so far (the generate driver sends them to its workers, which then
+        skip torch.compile for a candidate that can only be a duplicate: the index only grows)."""
+        return frozenset(self._first)
+
     def find(self, signature: str | None) -> str | None:
         """The key of the first task with this signature, or None; records nothing."""
         return self._first.get(signature) if signature else None

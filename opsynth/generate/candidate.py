@@ -3,7 +3,9 @@
 Each stage is one function over a `Candidate` record: `sample` (the op graph from the candidate's
 seed), `size` (its batch size from the cost model, never a clock), `render` (the task source),
 `check_kernelbench` (decontamination: milliseconds, so before the seconds of verification),
-`verify` (eager, compile, determinism, the runtime band) and `make_row` (the shard row, a
+`verify` (eager, compile, determinism, the runtime band; torch.compile is skipped for a candidate
+whose traced forward is already among the committed rows' signatures it was sent with: the committer
+rejects it as a semantic duplicate whatever the compile says) and `make_row` (the shard row, a
 `TaskRow` whose fields are exactly `opsynth.shards.schema.COLUMNS`). A stage returns False when it
 rejected the candidate (the record then carries a named reason); `process_candidate` only runs
 them in order. The heavy objects (catalog, verify pool, KernelBench index) are built once per
@@ -80,6 +82,7 @@ class Candidate:
     source: str | None = None
     kb_row: dict[str, Any] = field(default_factory=lambda: {"kb_max_similarity": None, "kb_nearest": None})
     verified: Any = None  # opsynth.verify.VerifyResult
+    committed: frozenset | None = None  # trace signatures of rows committed before this candidate was sent
     gpu: int | None = None
 
     def reject(self, reason: str, evidence: Any) -> bool:
@@ -90,12 +93,16 @@ class Candidate:
         rec: dict[str, Any] = {"index": self.index, "seed": self.seed, "accepted": self.accepted, "reason": self.reason,
                                "row": self.row.to_dict() if self.row is not None else None,
                                "signature": self.signature, "evidence": self.evidence, "stage_s": self.stage_s}
+        if self.verified is not None and self.verified.signature:  # the eager checks passed: the committer's
+            rec["trace_signature"] = self.verified.signature  # semantic-duplicate test comes before compile's verdict
         if self.size is not None and not self.size.reason:
             rec["predicted_ms"] = self.size.predicted_ms
         if self.verified is not None:
             rec["gpu_sections"], rec["gpu"] = self.verified.gpu_sections, self.gpu
             rec["device_sections"] = self.verified.device_sections
             rec["timed"] = self.verified.timed
+            rec["compiles"], rec["graphs"] = self.verified.compiles, self.verified.graphs
+            rec["compile_split"] = self.verified.compile_split
         if self.accepted:
             rec["calib_steps"] = self.verified.calib_steps
         return rec
@@ -163,10 +170,18 @@ def check_kernelbench(ctx: dict, cand: Candidate) -> bool:
 
 
 def verify(ctx: dict, cand: Candidate) -> bool:
-    """The verifier's checks and timing in its sandboxed pool (the verifier names its stages)."""
-    res = ctx["pool"].verify(cand.source)
+    """The verifier's checks and timing in its sandboxed pool (the verifier names its stages). A
+    candidate whose traced forward matches a committed row's stops before torch.compile: the
+    committer decides semantic duplicates before compile's verdict, so compiling it changes nothing."""
+    from opsynth.dedup.semantic import REASON as SEMANTIC
+
+    known = cand.committed
+    go = (lambda facts: facts.get("signature") not in known) if known else None
+    res = ctx["pool"].verify(cand.source, go_compile=go)
     cand.stage_s.update(res.stage_s)
     cand.verified, cand.gpu = res, ctx.get("gpu")
+    if res.reason == "compile_skipped":
+        return cand.reject(SEMANTIC, {"stage": "before_compile", "trace_signature": res.signature})
     if not res.accepted:
         return cand.reject(res.reason, _short(res.evidence))
     return True
@@ -207,10 +222,12 @@ STAGES: tuple[Callable[[dict, Candidate], bool], ...] = (sample, size, render, c
 
 
 def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict,
-                      kb_check: bool = True) -> dict:
+                      kb_check: bool = True, committed: frozenset | None = None) -> dict:
     """Sample, render, check against KernelBench and verify one candidate. Never raises for a bad
-    candidate: every outcome is a record with `accepted` and, when rejected, a named `reason`."""
-    cand = Candidate(index=index, seed=seed)
+    candidate: every outcome is a record with `accepted` and, when rejected, a named `reason`.
+    committed: trace signatures of rows committed before this candidate (any subset of them is
+    sound: the committer's index only grows); a match skips torch.compile."""
+    cand = Candidate(index=index, seed=seed, committed=committed)
     with _timed(cand, "worker_start"):  # the first candidate of a process starts its verify pool
         ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
     for stage in STAGES:

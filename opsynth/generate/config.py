@@ -54,6 +54,9 @@ class GenerateConfig:
     # up; the run then stops at max_candidates).
     mixture_quota: bool = True
     mixture_give_up: int = 200
+    # Send each candidate the committed rows' trace signatures, so a semantic duplicate stops before
+    # torch.compile (rows and reasons are the same either way; false: every candidate compiles).
+    skip_duplicate_compiles: bool = True
 
     def __post_init__(self) -> None:
         self.check_values()
@@ -68,6 +71,8 @@ class GenerateConfig:
             raise ValueError("flush_every must be >= 1")
         if not isinstance(self.mixture_quota, bool):
             raise ValueError(f"mixture_quota must be true or false, got {self.mixture_quota!r}")
+        if not isinstance(self.skip_duplicate_compiles, bool):
+            raise ValueError(f"skip_duplicate_compiles must be true or false, got {self.skip_duplicate_compiles!r}")
         if isinstance(self.mixture_give_up, bool) or not isinstance(self.mixture_give_up, int) or self.mixture_give_up < 0:
             raise ValueError(f"mixture_give_up must be an integer >= 0 (0: never give a slot up), got {self.mixture_give_up!r}")
 

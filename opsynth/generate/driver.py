@@ -18,6 +18,12 @@ The state file also carries the *row ledger* (seed and task_id of every committe
 shard files written; a rerun checks the folder against them first (`opsynth.shards.integrity`), so
 a deleted or damaged shard is reported by name and refused, or, with `repair=true`, exactly its
 missing seeds are regenerated.
+
+Semantic duplicates are decided before compile's verdict: a candidate that passed its eager checks
+and whose traced forward matches a committed row is a `semantic_duplicate`, whatever torch.compile
+said of it. So each candidate is sent with the signatures committed so far (`_CommittedFeed`), and a
+worker skips the compile of a match: which rows are accepted, and every reason, stay the same
+whether or not the worker knew (the index only grows; see test_pipeline_compile_skip.py).
 """
 
 from __future__ import annotations
@@ -162,6 +168,8 @@ class _Committer:
             # as soon as it fills): count it as the uninterrupted run did, but do not write it again.
             self._count_accepted(rec, row)
             return
+        from opsynth.dedup.semantic import REASON as SEMANTIC
+
         reason = rec.get("reason")
         values = self.plan.values(rec["seed"]) if self.quota is not None else None
         full = self.quota.full(values) if values is not None else None
@@ -170,9 +178,14 @@ class _Committer:
             # at submit), so that the counts do not depend on when the value filled.
             axis, value = full
             reason, rec["evidence"] = SLOT_FULL, {"axis": axis, "value": value, "quota": self.quota.quota(axis, value)}
+        elif not rec["accepted"] and self.semantic.find(rec.get("trace_signature")) is not None:
+            # Passed its eager checks, then failed (or skipped) the compile: a semantic duplicate first.
+            reason, rec["evidence"] = SEMANTIC, {"duplicate_of": self.semantic.find(rec["trace_signature"]),
+                                                 "verifier": rec.get("reason")}
+        elif reason == SEMANTIC:
+            raise RuntimeError(f"candidate {rec['index']} skipped its compile as a semantic duplicate of a row "
+                               "this run has not committed; this is a bug, please report it")
         elif rec["accepted"]:
-            from opsynth.dedup.semantic import REASON as SEMANTIC
-
             neardup = self._neardup_for(row)
             exact_before = neardup.counts["exact_duplicate"]
             same_calls = self.semantic.find(row["trace_signature"])  # a dict lookup: first
@@ -238,6 +251,23 @@ class _Committer:
         if not self.stats.versions.get("torch") and row["torch_version"]:
             self.stats.versions["torch"] = row["torch_version"]
         self.stats.device = row["device"] or self.stats.device
+
+
+class _CommittedFeed:
+    """The committed rows' trace signatures each candidate is submitted with (a worker skips
+    torch.compile for a match), sent by value: 17 bytes a row, pickled with each candidate. (A
+    scattered future hung the commit: the candidate holding it never came back.) Rebuilt once the
+    index grew by a sixteenth since the last time (at least one row); a candidate sent with an older
+    copy only compiles a duplicate it could have skipped."""
+
+    def __init__(self, index, on: bool = True) -> None:
+        self.index, self.on, self.size, self.snapshot = index, on, 0, None
+
+    def current(self) -> frozenset | None:
+        n = len(self.index)
+        if self.on and n and n - self.size >= max(1, self.size // 16):
+            self.snapshot, self.size = self.index.signatures(), n
+        return self.snapshot
 
 
 def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
@@ -414,6 +444,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     next_submit = committer.next_index
     flushed_at = writer.num_rows
     ac = as_completed()
+    feed = _CommittedFeed(committer.semantic, on=cfg.skip_duplicate_compiles)
 
     def target_in_flight() -> int:
         remaining = max(cfg.n_tasks - committer.rows, 1)
@@ -425,7 +456,8 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
 
     def submit(i: int) -> None:
         f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
-                          dedup_cfg, cfg.kb_check, key=f"candidate-{cfg.seed}-{i}", pure=False, **submit_kw)
+                          dedup_cfg, cfg.kb_check, committed=feed.current(), key=f"candidate-{cfg.seed}-{i}",
+                          pure=False, **submit_kw)
         inflight[i] = f
         ac.add(f)
 

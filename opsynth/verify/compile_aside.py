@@ -20,6 +20,7 @@ request's timing is right either way.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -35,6 +36,7 @@ class CompileAside:
         self._dropped = False
         self._lock = threading.Lock()
         self.let_go_count = 0
+        self.wait_s = 0.0  # seconds spent taking the share again after a compile (timings went first)
 
     def install(self) -> bool:
         """Register the callbacks in this process (again after `torch._dynamo.reset()`, which
@@ -63,7 +65,9 @@ class CompileAside:
         with self._lock:
             if self._dropped:
                 self._dropped = False
+                t = time.perf_counter()
                 self._share.take_again()
+                self.wait_s += time.perf_counter() - t
 
     @contextmanager
     def armed(self, share) -> Iterator[None]:

@@ -39,7 +39,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from opsynth.runtime import supervise
 from opsynth.runtime.device_lock import LOCK_DIR_ENV, device_lock_path, lock_files, resolve_lock_dir
@@ -51,6 +51,15 @@ from .result import ACCEPTED, VerifyResult
 from .stages import device_sections, gpu_sections, stage_seconds
 
 _TAIL_BYTES = 16 * 1024
+
+
+def _summed(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise sums of the replies' number dicts (a task's `compile_split`)."""
+    out: dict[str, float] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = round(out.get(k, 0.0) + float(v), 4)
+    return out
 
 
 class WorkerGone(Exception):
@@ -402,13 +411,18 @@ class WorkerPool:
         """How many worker processes are running now (a health check for callers and tests)."""
         return sum(1 for w in self._slots if w is not None and w.proc.poll() is None)
 
-    def verify(self, source: str) -> VerifyResult:
-        """Verify one task; blocks until a worker is free. Never raises because of the task."""
+    def verify(self, source: str, go_compile: Callable[[dict[str, Any]], bool] | None = None) -> VerifyResult:
+        """Verify one task; blocks until a worker is free. Never raises because of the task.
+
+        go_compile: asked with the eager request's facts (`mode`, `signature`, `calls`, `eager_ms`)
+        once the task passed its eager checks and band, before torch.compile; False stops the task
+        there (`compile_skipped`, with those facts), so a caller that will reject it anyway (the
+        generate pipeline: a semantic duplicate of a committed row) pays no compile for it."""
         if self._closed:
             raise RuntimeError("WorkerPool is not started; use it as a context manager")
         index = self._idle.get()
         try:
-            return self._verify_task(index, source)
+            return self._verify_task(index, source, go_compile)
         finally:
             self._idle.put(index)
 
@@ -458,6 +472,8 @@ class WorkerPool:
             for k in ("lock_wait_s", "ready_wait_s"):  # the stage accounting keeps both attempts
                 retry[k] = float(retry.get(k) or 0.0) + float(reply.get(k) or 0.0)
             retry["sections"] = [*(reply.get("sections") or []), *(retry.get("sections") or [])]
+            retry["graphs"] = int(retry.get("graphs") or 0) + int(reply.get("graphs") or 0)
+            retry["compile_split"] = _summed([reply.get("compile_split") or {}, retry.get("compile_split") or {}])
             return retry
         return reply
 
@@ -467,14 +483,17 @@ class WorkerPool:
                             torch_version=self.torch_version, elapsed_s=elapsed,
                             stage_s=stage_seconds(replies or [], elapsed), gpu_sections=gpu_sections(replies or []),
                             device_sections=device_sections(replies or []),
-                            timed=[t for _, rep in replies or () for t in rep.get("timed") or ()], **kw)
+                            timed=[t for _, rep in replies or () for t in rep.get("timed") or ()],
+                            compiles=sum(op == "compile" for op, _ in replies or ()),
+                            graphs=sum(int(rep.get("graphs") or 0) for _, rep in replies or ()),
+                            compile_split=_summed([rep.get("compile_split") or {} for _, rep in replies or ()]), **kw)
 
-    def _verify_task(self, index: int, source: str) -> VerifyResult:
+    def _verify_task(self, index: int, source: str, go_compile=None) -> VerifyResult:
         t0 = time.monotonic()
         first: WorkerGone | None = None
         for attempt in range(2 if self.cfg.retry_crashed else 1):
             try:
-                result = self._run_checks(index, source, t0)
+                result = self._run_checks(index, source, t0, go_compile)
                 break
             except WorkerGone as gone:
                 if gone.reason == "crashed" and attempt == 0 and self.cfg.retry_crashed:
@@ -484,7 +503,8 @@ class WorkerPool:
                 if first is not None:
                     evidence["first_attempt"] = first.evidence
                 result = self._result(gone.reason, getattr(gone, "source", source), t0, getattr(gone, "replies", None),
-                                      calib_steps=getattr(gone, "calib_steps", 0), evidence=evidence)
+                                      calib_steps=getattr(gone, "calib_steps", 0), evidence=evidence,
+                                      **getattr(gone, "facts", {}))
                 break
             except Exception as exc:  # noqa: BLE001 - a verifier bug must not take the pipeline down
                 import traceback
@@ -499,13 +519,14 @@ class WorkerPool:
                 self._replace(index)
         return result
 
-    def _run_checks(self, index: int, source: str, t0: float) -> VerifyResult:
+    def _run_checks(self, index: int, source: str, t0: float, go_compile=None) -> VerifyResult:
         cfg, lim = self.cfg, self.limits
         lo_ms, hi_ms = cfg.accept_window(self.device)
         cap = lim.mem_cap_gb * 2**30
         src, steps, target = source, 0, None
         history: list[dict[str, Any]] = []
         replies: list[tuple[str, dict[str, Any]]] = []  # what each request took (stages.stage_seconds)
+        facts: dict[str, Any] = {}  # the eager checks' facts, once they passed (also on a compile request's death)
 
         def ask(op: str, **extra: Any) -> dict[str, Any]:
             try:
@@ -513,6 +534,7 @@ class WorkerPool:
             except WorkerGone as gone:
                 gone.evidence.update(stage=op, history=history)
                 gone.source, gone.calib_steps, gone.replies = src, steps, replies  # type: ignore[attr-defined]
+                gone.facts = facts  # type: ignore[attr-defined]
                 raise
             replies.append((op, rep))
             return rep
@@ -568,7 +590,10 @@ class WorkerPool:
         if target is not None:
             evidence["target_ms"] = target
         compile_ms = None
-        facts = {"mode": rep.get("mode"), "signature": rep.get("signature"), "calls": rep.get("calls")}
+        facts.update(mode=rep.get("mode"), signature=rep.get("signature"), calls=rep.get("calls"))
+        if cfg.check_compile and go_compile is not None and not go_compile({**facts, "eager_ms": eager_ms}):
+            return reject("compile_skipped", {"stage": "compile", "message": "the caller stopped it before torch.compile"},
+                          eager_ms=eager_ms, peak_mem_mb=peak_mb, **facts)
         if cfg.check_compile:
             crep = ask("compile", mode=facts["mode"])
             if not crep["ok"]:

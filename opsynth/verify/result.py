@@ -42,6 +42,8 @@ REASONS: dict[str, str] = {
     "predicted_oom": "the memory a verifier request is predicted to hold (times verify.mem_safety) is above what one "
                      "request may use on the device (verify.task_mem_budget_mb), at every batch_size that reaches the "
                      "runtime target: rejected by sizing, before any device work",
+    "compile_skipped": "passed the eager checks and band; the caller stopped it before torch.compile (it will "
+                       "reject it anyway: WorkerPool.verify's go_compile)",
     "compile_error": "torch.compile (or running the compiled model) raised",
     "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
     "worker_error": "the verifier itself failed (a bug, not the task's fault)",
@@ -70,6 +72,11 @@ class VerifyResult:
     gpu_sections: list = field(default_factory=list)  # (start, end) wall-clock seconds of device work
     device_sections: dict = field(default_factory=dict)  # the same and compile's, by kind (stages.device_sections)
     timed: list = field(default_factory=list)  # each timing the workers ran: op, runs, warmup, stop, spent_ms (worker.py)
+    compiles: int = 0  # compile requests made: 0 when rejected before compiling, else 1
+    graphs: int = 0  # graphs Dynamo compiled for it (graph breaks and recompiles add one each; an OOM retry's too)
+    # Of the compile stage's seconds: Dynamo's frame compiles (dynamo_s), their backend's part (backend_s),
+    # and the wait to take the memory share again after code generation (share_wait_s; worker.py).
+    compile_split: dict = field(default_factory=dict)
     # Known once the eager checks passed (opsynth.verify.checks.choose_mode, opsynth.verify.tracing):
     mode: str | None = None  # "train" or "eval": the mode the task means (opsynth.render.task_file)
     signature: str | None = None  # the forward's call graph up to sizes and constants

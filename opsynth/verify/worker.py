@@ -9,7 +9,9 @@ keeps only a tail), so printing cannot corrupt the protocol.
 Requests: ``{"op": "eager", "source": ...}`` runs the eager checks and times the task;
 ``{"op": "compile", "source": ...}`` compiles it and compares and times the compiled model;
 ``{"op": "peaks"}`` measures the device's peak rates (recorded by the pipeline, once per run).
-Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "recycle": bool, ...}``;
+Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "recycle": bool,
+"graphs": int (graphs Dynamo compiled for the request), "compile_split": {dynamo_s, backend_s,
+share_wait_s}, ...}``;
 ``{"event": "pause", "kind": "lock" | "import"}`` and ``{"event": "resume"}`` bracket time the
 worker spends waiting for the shared timing lock or importing the compiler stack, which does not
 count against the task's timeout.
@@ -66,6 +68,29 @@ def _freeze_survivors() -> None:
     never a task's objects, which are dropped and collected before the freeze."""
     gc.collect()
     gc.freeze()
+
+
+def _graphs_compiled() -> int:
+    """Graphs Dynamo compiled in this process so far (its `unique_graphs` counter, which
+    `torch._dynamo.reset()` leaves alone): a compile request's difference says how many graphs one
+    candidate cost (graph breaks and recompiles each add one)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _compile_seconds() -> tuple[float, float]:
+    """Seconds Dynamo spent compiling frames in this process so far, and the part of them its backend
+    took (AOTAutograd and inductor: lowering, code generation, kernel builds), from torch's own
+    `compilation_time_metrics`: what a compile request's section spent compiling, apart from its
+    reference forwards, compiled calls, comparisons and the wait for its memory share."""
+    if "torch._dynamo" not in sys.modules:
+        return 0.0, 0.0
+    from torch._dynamo.utils import compilation_time_metrics as m
+
+    return sum(m.get("_compile.compile_inner", ())), sum(m.get("OutputGraph.call_user_compiler", ()))
 
 
 def _watch_parent(req_fd: int) -> None:
@@ -160,6 +185,7 @@ class Worker:
         if self.device == "cpu":
             self._limit_address_space()
         self._frozen_after_compile = False
+        self._compile_base = (0.0, 0.0)  # _compile_seconds() at the start of this request's compiles
         _freeze_survivors()
 
     def _limit_address_space(self) -> None:
@@ -361,6 +387,7 @@ class Worker:
             protocol.send(self.resp_fd, {"event": "resume"})
         t_request = time.time()
         torch._dynamo.reset()
+        self._compile_base = _compile_seconds()
         kind = C.read_kind(source)
         tol = C.kind_tolerance(kind, c)
         mod = C.load_task(source)
@@ -447,6 +474,8 @@ class Worker:
         self.timed = []
         self._share = None  # memory_share sets it for this request
         started = time.time()
+        graphs_before, wait_before = _graphs_compiled(), self._aside.wait_s
+        self._compile_base = _compile_seconds()  # compile() takes it again after torch._dynamo.reset(), which clears them
         try:
             exclusive = bool(msg.get("exclusive"))
             with self.memory_share(exclusive), (self.timing_lock() if exclusive else nullcontext()):
@@ -475,6 +504,10 @@ class Worker:
             _freeze_survivors()
         self.sections.append(["cleanup", t_clean, time.time()])
         reply["sections"], reply["lock_wait_s"], reply["timed"] = self.sections, self.lock_wait_s, self.timed
+        reply["graphs"] = _graphs_compiled() - graphs_before
+        spent = [b - a for a, b in zip(self._compile_base, _compile_seconds())]
+        reply["compile_split"] = {"dynamo_s": round(spent[0], 4), "backend_s": round(spent[1], 4),
+                                  "share_wait_s": round(self._aside.wait_s - wait_before, 4)}
         reply["event"] = "reply"
         return reply
 

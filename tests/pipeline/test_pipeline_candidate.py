@@ -171,3 +171,23 @@ def test_ast_parse_is_safe_in_candidate_threads():
     finally:
         gc.set_threshold(*old)
     assert not errors, errors[:3]
+
+
+def test_a_candidate_whose_forward_is_committed_skips_its_compile(cfgs, accepted):
+    """Issue 29: the committed rows' trace signatures come with the candidate; a match stops after the
+    eager checks, before torch.compile (no compile request, no compile seconds), as a
+    `semantic_duplicate` carrying its signature for the committer. Another signature changes nothing."""
+    sampler, verify, dedup = cfgs
+    sig = accepted["row"]["trace_signature"]
+    assert accepted["compiles"] == 1 and accepted["graphs"] >= 1 and accepted["trace_signature"] == sig
+    rec = candidate.process_candidate(0, SEED, sampler, verify, dedup, True, committed=frozenset({sig}))
+    assert (rec["accepted"], rec["reason"], rec["trace_signature"]) == (False, "semantic_duplicate", sig), rec
+    assert rec["compiles"] == 0 and rec["graphs"] == 0 and rec["stage_s"]["compile"] == 0
+    assert accepted["compile_split"]["dynamo_s"] > 0 and rec["compile_split"]["dynamo_s"] == 0
+    assert rec["stage_s"]["eager_checks"] > 0
+    other = candidate.process_candidate(0, SEED, sampler, verify, dedup, True, committed=frozenset({"0" * 16}))
+    measured = ("eager_ms", "compile_ms")
+    assert other["accepted"] and other["compiles"] == 1
+    assert other["compile_split"]["dynamo_s"] > 0  # a later compile in the same worker is counted too
+    assert {k: v for k, v in other["row"].items() if k not in measured} == \
+        {k: v for k, v in accepted["row"].items() if k not in measured}

@@ -63,3 +63,25 @@ def test_the_floors_show_the_timing_per_timed_candidate(bench):
     assert f["timed_then_rejected_by_verifier_reasons"] == {"too_fast": 1}
     assert f["timed_runs_per_timing"] == {"eager": 3.5} and f["timing_stops"] == {"far_low": 1, "precise": 1}
     bench.print_floors(f)  # prints without a KeyError
+
+
+def test_the_compile_tally_reports_compiles_and_compile_seconds_per_accepted_row(bench):
+    """Issue 29: what the next H200 window prints for compile: compiles, graphs and compile seconds
+    per accepted row (rejected candidates' compiles count against the rows), and per compile what
+    of its section was Dynamo compiling and waiting for the memory share."""
+    t = bench.CompileTally()
+    split = {"dynamo_s": 1.0, "backend_s": 0.8, "share_wait_s": 0.1}
+    for accepted, reason, n, graphs, s in [(True, None, 1, 1, 1.5), (True, None, 1, 2, 2.5),
+                                           (False, "compile_mismatch", 1, 1, 2.0),
+                                           (False, "semantic_duplicate", 0, 0, 0.0), (False, "too_fast", 0, 0, 0.0)]:
+        t.add({"accepted": accepted, "reason": reason, "compiles": n, "graphs": graphs,
+               "compile_split": split if n else {}, "stage_s": {"compile": s} if s else {}})
+    out = t.summary(accepted=1)  # one of the two the verifier accepted was a duplicate at commit
+    assert (out["compiles"], out["graphs"], out["compile_s"]) == (3, 4, 6.0)
+    assert (out["compiles_per_accepted"], out["graphs_per_accepted"], out["compile_s_per_accepted"]) == (3.0, 4.0, 6.0)
+    assert out["graphs_per_compile"] == {1: 2, 2: 1} and out["compile_s_per_compile"] == 2.0
+    assert out["compiled_then_rejected_by_verifier"] == {"compile_mismatch": 1}
+    assert out["compiled_then_rejected_after_verifier"] == 1
+    assert out["split_s_per_compile"] == split
+    f = bench.floors({"accepted": 1, "stage_seconds": {"compile": 6.0}, "compile": out})
+    assert (f["compiles_per_accepted"], f["compile_s_per_accepted"]) == (3.0, 6.0)
