@@ -4,7 +4,7 @@
 # absolute slack; but below half, the claim itself stayed inside the window's old `1.0 * claimed`
 # allowance. With the snapshot off (what a forger in C++ would defeat), only the parent's clock is
 # left: the time decided is at least what it saw around the call less the reference's overhead
-# (rounds.call_shortfall, disabled_guards "call_wall_floor"), so the forgery buys nothing.
+# (rounds.call_floor, disabled_guards "call_wall_floor"), so the forgery buys nothing.
 _patch = load_inline(
     name="opsynth_test_half_claim",
     cpp_sources=r"""
