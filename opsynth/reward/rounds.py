@@ -16,7 +16,9 @@ sees beyond the claimed time is the harness's overhead, which the reference chil
 same code) measure too: a claimed time far below what the parent saw is a patched clock
 (`implausible_timing`), and so is a stretch of the round outside the call (inputs made; outputs
 checked and reported; on a GPU the timer's settling before its start event) far longer than the
-reference's: work done in the harness's own time (`gaps_plausible`). The reference runs the main pass's rounds so, with the device to itself
+reference's: work done in the harness's own time (`gaps_plausible`). A claim below what the parent
+saw around the call, by less than rejects it, is decided on the parent's clock instead (`call_floor`: the claims raised to
+its window around the call less the reference's overhead there). The reference runs the main pass's rounds so, with the device to itself
 (its own extra work there, the tolerances, it times and reports as `own_ms`, which the parent takes
 out of the round's clock for the reference's session alone: `own_work`); the seeds only a longer
 pass or a re-measure can reach it computes after them, unclocked and with the device shared
