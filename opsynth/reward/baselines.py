@@ -512,11 +512,13 @@ class Pacer:
     # -- the decision --------------------------------------------------------------------------
 
     def candidate_samples(self, session, kind: str) -> list[float]:
-        """The candidate's timed claims that pair with a baseline: those of the main pass from the
-        round that baseline joined (the re-measure pass instead, when there was one)."""
+        """The candidate's timed calls that pair with a baseline, as decided (`RoundSession.decided`:
+        the claims, held to the parent's clock): those of the main pass from the round that baseline
+        joined (the re-measure pass instead, when there was one)."""
         rounds = session.timed(main=not session.again)
         first = self.since.get(kind, self.warmup) if not session.again else rounds.start
-        return [session.claims[j] for j in rounds if j >= first and j in session.claims]
+        decided = session.decided(main=not session.again)
+        return [decided[j] for j in rounds if j >= first and j in decided]
 
     def intervals(self, session):
         from opsynth.reward.confidence import ratio_interval

@@ -246,7 +246,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     pacer = Pacer(ref.baselines, cfg, device, _lock_path(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
                   reference=(ref.outputs["rounds"], ref.rounds.keys) if fresh else None)
     rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms,
-                          reference=None if "wall_clock" in off else ref.rounds, pacer=pacer)
+                          reference=None if "wall_clock" in off else ref.rounds, pacer=pacer,
+                          call_floor="call_wall_floor" not in off)
     # The first run of a fresh build compiles inside this child too, so allow for it.
     builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
     try:
@@ -377,6 +378,9 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
         times[f"{key}_ms"] = round(statistics.median(mine.values()), 3) if mine else None
         times[f"reference_{key}_ms"] = round(statistics.median(theirs.values()), 3) if theirs else None
     details["rounds"] = {**rounds.passes(), "reference": ref.rounds.next_round}
+    # What the timed claims were raised by to meet the parent's clock around the call (1 and 0: as claimed)
+    scale, shift = rounds.floor(main=not rounds.again)
+    times["call_floor_scale"], times["call_shortfall_ms"] = round(scale, 4), round(shift, 3)
     if fresh:
         verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys, ref.facts)
         if verdict != "ok":

@@ -16,7 +16,9 @@ sees beyond the claimed time is the harness's overhead, which the reference chil
 same code) measure too: a claimed time far below what the parent saw is a patched clock
 (`implausible_timing`), and so is a stretch of the round outside the call (inputs made; outputs
 checked and reported; on a GPU the timer's settling before its start event) far longer than the
-reference's: work done in the harness's own time (`gaps_plausible`). The reference runs the main pass's rounds so, with the device to itself
+reference's: work done in the harness's own time (`gaps_plausible`). A claim below what the parent
+saw around the call, by less than rejects it, is decided on the parent's clock instead (`call_floor`: the claims raised to
+its window around the call less the reference's overhead there). The reference runs the main pass's rounds so, with the device to itself
 (its own extra work there, the tolerances, it times and reports as `own_ms`, which the parent takes
 out of the round's clock for the reference's session alone: `own_work`); the seeds only a longer
 pass or a re-measure can reach it computes after them, unclocked and with the device shared
@@ -47,6 +49,20 @@ WALL_FACTOR = 3.0
 WALL_SLACK_MS = 8.0  # over the whole round (inputs made, outputs fingerprinted: the most exposed to load)
 WALL_CLAIM_FACTOR = 2.0  # over the whole round, also up to twice the claim
 CALL_SLACK_MS = 2.0  # around the call alone (the parent thread waking up under load)
+# Those bounds reject a patched clock that hides more than the claim itself, a knife-edge that still
+# let a child claim half of what it took (a forged 2x speedup; issue 28). What passes them is decided
+# on the parent's clock (`call_floor`): each round that sets the median took at least what the parent
+# saw around it less the reference's overhead there and CALL_FLOOR_SLACK_MS, and a pass's claims are
+# raised (scaled, or shifted for a constant shave) until the least of them meets that floor. A forger
+# gains about the slack; an honest child is left as it claimed whenever one round of the lower half
+# ran undelayed (load only adds to the parent's clock), and a pass that falls short is timed again.
+# Measured on a shared 2-core machine (CPU, one torch thread; the lower half's least excess around the
+# call less the reference's median overhead, 0.32-0.57 ms): honest claims of 0.5-22.8 ms read -0.17 to
+# -0.07 ms alone, -0.23 to 0.00 ms with a busy process beside (`python -c 'while 1: pass'`) and -0.18
+# to +0.04 ms with two, so 0.5 ms is a margin no honest run came near; a report of 52% of a 12-14 ms
+# call reads +5.2 to +5.9 ms and is raised 1.80-1.83x, to 4-9% below its honest kernel's time in the
+# same evaluation (reward 1 as honest, where the old bound gave 2).
+CALL_FLOOR_SLACK_MS = 0.5
 # The two stretches of a round outside the call, each against the reference's same stretch (the
 # same harness code on the same inputs): from sending the seed to `ready` (the inputs made) and from
 # `returned` to the report (the outputs checked and fingerprinted). Work hidden in either is what a
@@ -160,6 +176,8 @@ class RoundSession:
     main_extra: int = 0  # rounds the pacer added to the main pass
     main_cut: int | None = None  # where the pacer ended the main pass before the plan's end (None: it did not)
     own_work: bool = False  # the reference's session (trusted): a round's `own_ms` is taken out of its clock
+    call_floor: bool = True  # the claims are held to the parent's clock around the call (`call_floor`; off
+    # only for tests' controls: RewardConfig.disabled_guards "call_wall_floor"); needs `reference`
     pacer: object = None
     error: str | None = None
     done: bool = False
@@ -252,7 +270,8 @@ class RoundSession:
                 left = len(self.plan.seeds) - self.main_end
                 if self.end is None and left > 0:
                     below = self.floor_ms is not None and self.median(main=True) < self.floor_ms
-                    if below or (self.reference is not None and not plausible(self, self.reference)[0]):
+                    short = self.floor(main=True)[1] > 0  # claims below the parent's clock: load, or a forged report
+                    if below or short or (self.reference is not None and not plausible(self, self.reference)[0]):
                         self.again = min(left, remeasure_rounds(self.plan.repeats))
                         self.end = self.main_end + self.again
                         return {"ok": True, "again": self.again}
@@ -297,8 +316,21 @@ class RoundSession:
         return range(p.warmup, self.main_end) if main else range(self.main_end, self.end or self.main_end)
 
     def median(self, main: bool = True) -> float:
-        """Median claimed ms of the timed rounds (main pass, warm-up excluded; or the re-measure)."""
-        return statistics.median(self.claims[j] for j in self.timed(main))
+        """Median decided ms of the timed rounds (main pass, warm-up excluded; or the re-measure)."""
+        return statistics.median(self.decided(main).values())
+
+    def floor(self, main: bool = True) -> tuple[float, float]:
+        """(scale, shift) a pass's claims are raised by to meet the parent's clock (`call_floor`);
+        (1, 0) with no reference to hold them to (the reference itself, the wall clock off) or the floor off."""
+        if self.reference is None or not self.call_floor:
+            return 1.0, 0.0
+        return call_floor(self, self.reference, self.timed(main))
+
+    def decided(self, main: bool = True) -> dict:
+        """{round: ms} a pass's timed rounds are decided on (median, the ratio's samples): the claims,
+        raised to the parent's clock, so a child gains nothing by reporting less than it took."""
+        scale, shift = self.floor(main)
+        return {j: max(self.claims[j] * scale, self.claims[j] + shift) for j in self.timed(main) if j in self.claims}
 
     def overheads(self) -> list[float]:
         """Per round, the parent's ms beyond the claimed time, over the whole round."""
@@ -392,14 +424,38 @@ def lower_half_min_excess(claims: dict, walls: dict, rounds) -> float:
     return lower_half_min_gap(claims, {j: walls[j] - claims[j] for j in walls if j in claims}, rounds)
 
 
+def call_floor(session: RoundSession, reference: RoundSession, rounds) -> tuple[float, float]:
+    """(scale >= 1, shift >= 0 ms) that raise the claims of `rounds` to the parent's clock around the
+    call: the least, over the rounds that set the median (`lower_half`), of floor / claim and
+    floor - claim, where a round's floor is its window less the reference's median overhead there (the
+    same harness code) and CALL_FLOOR_SLACK_MS. A clock shaved by a factor is undone by the scale, one
+    shaved by a constant (or claims of 0) by the shift; both are (1, 0) as soon as one of those rounds
+    spent no more than the reference beyond its claim, which is what keeps load from demoting anyone."""
+    ref = reference.call_overheads()
+    r = max(statistics.median(ref), 0.0) if ref else 0.0
+    claims = session.claims
+    floors = {j: session.call_wall[j] - r - CALL_FLOOR_SLACK_MS for j in lower_half(claims, session.call_wall, rounds)}
+    shift = min((f - claims[j] for j, f in floors.items()), default=0.0)
+    if shift <= 0:
+        return 1.0, 0.0
+    scale = min((f / claims[j] for j, f in floors.items() if claims[j] > 0), default=1.0)
+    return max(1.0, scale), shift
+
+
 def lower_half_min_gap(claims: dict, gaps: dict, rounds) -> float:
     """The least of `gaps` among `rounds` that claimed no more than their median: the rounds a
     hidden computation (or a patched clock, `lower_half_min_excess`) must be in to lower the median."""
-    rounds = [j for j in rounds if j in gaps and j in claims]
+    return min((gaps[j] for j in lower_half(claims, gaps, rounds)), default=0.0)
+
+
+def lower_half(claims: dict, seen: dict, rounds) -> list:
+    """The rounds among `rounds` (those in `seen` and claimed) that claimed no more than their median:
+    those a patched clock or hidden work must be in to lower the median."""
+    rounds = [j for j in rounds if j in seen and j in claims]
     if not rounds:
-        return 0.0
+        return []
     m = statistics.median(claims[j] for j in rounds)
-    return min(gaps[j] for j in rounds if claims[j] <= m)
+    return [j for j in rounds if claims[j] <= m]
 
 
 def gaps_plausible(session: RoundSession, reference: RoundSession, timed) -> tuple[bool, str]:

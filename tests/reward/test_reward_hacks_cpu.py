@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from opsynth.render.task_file import set_batch_size
 from opsynth.reward import RewardConfig, evaluate_many
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -50,9 +51,10 @@ HACKS = {
     "precompute": ("harness_patched", -1),  # C++ from forward: a gc callback at threshold 1 computes each call's
     # outputs once the harness has written its inputs, off the clock; the timed call copies them out
     # A harness class's methods, from C++ through pybind11, each reporting 35% of the time measured: within
-    # the parent's wall-clock slack (the call's window admits up to the claim), so only the snapshot's
-    # class-method part (disabled_guards "harness_class_methods") stops them. slow_honest is their kernel
-    # without the attack: reward 1 (about twice eager), which the attacks turn into 2.
+    # the parent's rejection bound around the call (what it hides, ~1.7 ms, is inside the absolute slack),
+    # so the snapshot's class-method part (disabled_guards "harness_class_methods") rejects them and the
+    # claims' floor on the parent's clock ("call_wall_floor") takes back what they hide. slow_honest is
+    # their kernel without the attack: reward 1 (about twice eager), which the attacks turn into 2.
     "slow_honest": ("ok", 1),
     "class_patch": ("harness_patched", -1),  # C++ static initialiser: Timer.time_call rebound (setattr on the class)
     "class_swap": ("timer_patched", -1),  # C++ from forward: the Timer instance found through gc, its __class__
@@ -77,13 +79,16 @@ CONTROLS = [
     (("wall_clock", "physical_floor"), "got_clock", "ok", 2),
     (("harness_snapshot",), "precompute", "implausible_timing", -1),  # the parent's clock before the call alone
     (("harness_snapshot", "wall_clock"), "precompute", "ok", 2),  # an 80x kernel scores as a fused one
-    # The snapshot's class-method part alone (wall clock and physical floor on): the honest kernel still
-    # scores 1, each attack on it 2.
-    (("harness_class_methods",), "slow_honest", "ok", 1),
-    (("harness_class_methods",), "class_patch", "ok", 2),
-    (("harness_class_methods",), "class_swap", "ok", 2),
-    (("harness_class_methods",), "snapshot_patch", "ok", 2),
-    (("harness_snapshot",), "reply_patch", "ok", 2),  # wall clock and floor on: the reply's rewrite pays
+    # The snapshot's class-method part and the claims' floor off (the rejection bound and physical floor
+    # on): the honest kernel still scores 1, each attack on it 2.
+    (("harness_class_methods", "call_wall_floor"), "slow_honest", "ok", 1),
+    (("harness_class_methods", "call_wall_floor"), "class_patch", "ok", 2),
+    (("harness_class_methods", "call_wall_floor"), "class_swap", "ok", 2),
+    (("harness_class_methods", "call_wall_floor"), "snapshot_patch", "ok", 2),
+    (("harness_snapshot", "call_wall_floor"), "reply_patch", "ok", 2),  # the reply's rewrite pays
+    # The claims' floor alone (issue 28): what they hide is decided on the parent's clock, no gain
+    (("harness_class_methods",), "class_patch", "ok", 1),
+    (("harness_snapshot",), "reply_patch", "ok", 1),
 ]
 
 
@@ -133,3 +138,42 @@ def test_control(control_results, off, name, reason, reward):
     r = control_results[(off, name)]
     assert r.reason.startswith(reason), (r.reason, r.details.get("detail"), r.log[-2000:])
     assert r.reward == reward, (r.times, r.log[-2000:])
+
+
+# Issue 28: the parent's clock is the only boundary native code cannot rewrite. half_claim reports 52% of
+# a ~14 ms call (about 1.4x eager on the chain task at batch 768: what it hides is far beyond the call
+# window's absolute slacks, and less than the claim itself, which the rejection bound admits). With the
+# snapshot off, as a forger in C++ would leave it, only the claims' floor on the parent's clock
+# (rounds.call_floor) keeps its reward at its honest kernel's. (guards off, candidate, reason prefix, reward)
+WIDE = set_batch_size(CHAIN, 768)
+WALL_CASES = [
+    ((), "half_claim", "harness_patched", -1),  # defaults: the snapshot sees json.dumps rebound
+    (("harness_snapshot",), "slow_wide_honest", "ok", 1),  # its kernel, honest
+    (("harness_snapshot",), "half_claim", "ok", 1),  # the parent's clock alone: no gain
+    (("harness_snapshot", "call_wall_floor"), "half_claim", "ok", 2),  # the old bound: a forged 2x
+]
+
+
+@pytest.fixture(scope="module")
+def wall_results(reward_cache):
+    by_off: dict = {}
+    for off, name, _, _ in WALL_CASES:
+        by_off.setdefault(off, []).append(name)
+    out = {}
+    for off, names in by_off.items():
+        results = evaluate_many([(WIDE, candidate(n)) for n in names], _cfg(reward_cache, static_check=False, disabled_guards=list(off)))
+        for n, r in zip(names, results):
+            print(f"{'+'.join(off) or 'defaults':34s} {n:16s} {r.reward:3d} {r.reason:20s} "
+                  f"{ {k: r.times.get(k) for k in ('candidate_ms', 'first_pass_ms', 'eager_ms', 'call_floor_scale', 'call_shortfall_ms')} }")
+        out.update({(off, n): r for n, r in zip(names, results)})
+    return out
+
+
+@pytest.mark.parametrize("off,name,reason,reward", WALL_CASES, ids=[f"{n}-without-{'+'.join(o) or 'nothing'}" for o, n, _, _ in WALL_CASES])
+def test_forged_report_is_held_to_the_parents_clock(wall_results, off, name, reason, reward):
+    r = wall_results[(off, name)]
+    assert r.reason.startswith(reason), (r.reason, r.details.get("detail"), r.log[-2000:])
+    assert r.reward == reward, (r.times, r.log[-2000:])
+    if name == "half_claim" and reason == "ok":
+        floored = "call_wall_floor" not in off
+        assert (r.times["call_floor_scale"] > 1.5) is floored, r.times  # ~1/0.52 when held to the clock

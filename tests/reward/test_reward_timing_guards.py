@@ -385,6 +385,63 @@ def test_wall_clock_check_sees_a_clock_patched_only_in_the_calls_that_set_the_me
     assert not ok and "around the call" in why, why
 
 
+def test_claims_are_decided_on_the_parents_clock_around_the_call():
+    """A report of 52% of a 14 ms call hides less than it claims, so the rejection bound lets it pass
+    (issue 28); the time decided is the parent's clock less the reference's overhead and the slack,
+    so the forgery gains the slack (0.5 ms of 14) and no more. An honest child is left as it claimed,
+    load in most of its rounds included; with the floor off (the control) the forged claim stands."""
+    from opsynth.reward.rounds import CALL_FLOOR_SLACK_MS, call_floor
+
+    s_ = CALL_FLOOR_SLACK_MS
+    ref = _clocked(10.0, 10.4, 20.0, n=13)  # the reference's overhead around the call: 0.4 ms
+    forged = _clocked(7.28, 14.4, 30.0, n=13)
+    for j in range(13):  # true times 13.4 .. 14.6 ms, each reported at 52%, the parent's window 0.4 ms more
+        t = 13.4 + 0.1 * j
+        forged.claims[j], forged.call_wall[j] = 0.52 * t, t + 0.4
+    forged.reference = ref
+    assert plausible(forged, ref)[0]  # it hides less than it claims: within the rejection bound
+    scale, shift = forged.floor()
+    assert scale == pytest.approx((13.4 - s_) / (0.52 * 13.4)) and shift == pytest.approx(0.48 * 13.4 - s_)
+    assert forged.median() == pytest.approx(14.0 * (1 - s_ / 13.4))  # the true median 14.0, less ~the slack
+    assert min(forged.decided().values()) == pytest.approx(13.4 - s_)
+    forged.call_floor = False  # the control: the forged claims stand
+    assert forged.floor() == (1.0, 0.0) and forged.median() == pytest.approx(0.52 * 14.0)
+    # A constant shave (6 ms off each call), and claims of 0, are undone by the shift
+    shaved = _clocked(8.0, 14.4, 30.0, n=13)
+    shaved.reference = ref
+    assert shaved.median() == pytest.approx(14.0 - s_)
+    zero = _clocked(0.0, 2.9, 30.0, n=13)
+    assert call_floor(zero, ref, range(13)) == (1.0, pytest.approx(2.5 - s_))
+    # Honest: as claimed, also with seven of thirteen rounds 40 ms late (another process on the core),
+    # with jitter within the slack, and with no reference to hold it to (the wall clock off)
+    honest = _clocked(14.0, 14.4, 30.0, n=13)
+    honest.reference = ref
+    for j in range(0, 13, 2):
+        honest.call_wall[j] = 54.4
+    assert honest.floor() == (1.0, 0.0) and honest.median() == 14.0
+    jitter = _clocked(14.0, 14.4, 30.0, n=13)
+    for j in range(13):
+        jitter.claims[j], jitter.call_wall[j] = 14.0 + 0.1 * j, 14.4 + 0.1 * j + (0.3 if j % 3 else 0.0)
+    assert call_floor(jitter, ref, range(13)) == (1.0, 0.0)
+    assert _clocked(7.28, 14.4, 30.0).floor() == (1.0, 0.0)
+
+
+def test_a_pass_whose_claims_fall_short_of_the_parents_clock_is_timed_again():
+    """Every round of the lower half late beyond the slack (a stall from outside, or a forged report):
+    the pass gets a second one and is decided on it, so an honest child stalled once keeps its time."""
+    plan = TimingPlan.draw(0, 6, 1e-2, 1e-2)
+    ref = _clocked(0.2, 0.4, 3.6, n=len(plan.seeds))
+    s = RoundSession(plan, reference=ref)
+    for j in range(plan.main):
+        _report(s, j, 5.0, 6.5, 8.0)  # 1.5 ms beyond each claim around the call, the reference's 0.2
+    rep = s.handle({"kind": "timing_done"})
+    assert rep["again"] == len(plan.seeds) - plan.main and s.floor(main=True)[1] > 0
+    for j in range(plan.main, len(plan.seeds)):
+        _report(s, j, 5.0, 5.2, 8.0)
+    assert s.handle({"kind": "timing_done"})["ok"] and s.done
+    assert s.floor(main=False) == (1.0, 0.0) and s.median(main=False) == 5.0
+
+
 def _report(s, j, claim, call_ms, round_ms):
     """Drive one round through the session's handler with a fake parent clock: its seed sent at t
     (now, or with the last round's report), ready 1 us later, returned `call_ms` after that, reported
