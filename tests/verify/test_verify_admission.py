@@ -44,9 +44,9 @@ class CountingPool:
         self.pool, self.calls = pool, 0
         self.device, self.task_mem_budget_mb = pool.device, pool.task_mem_budget_mb
 
-    def verify(self, source: str):
+    def verify(self, source: str, go_compile=None):
         self.calls += 1
-        return self.pool.verify(source)
+        return self.pool.verify(source, go_compile=go_compile)
 
 
 def run_stages(catalog, pool, vcfg: VerifyConfig, graph: OpGraph, seed: int = 7) -> C.Candidate:
