@@ -480,8 +480,12 @@ def _rel_sd(xs) -> float | None:
     return round(statistics.stdev(xs) / statistics.mean(xs), 4) if len(xs) > 1 else None
 
 
+def _ms(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+
+
 def table(labels, runs, out, save, args) -> None:
-    print(f"\n{'target':>7} {'run':>4} {'reward':>6} {'ratio':>7} {'interval':>17} {'calls':>5} {'vs 0.95':>8} {'vs 1.0':>7} baseline")
+    print(f"\n{'target':>7} {'run':>4} {'reward':>6} {'ratio':>7} {'interval':>17} {'calls':>5} {'vs 0.95':>8} {'vs 1.0':>7} {'cand ms':>8} {'host ms':>8} baseline")
     summary = {}
     for t in labels:
         rows = runs[t]
@@ -489,7 +493,7 @@ def table(labels, runs, out, save, args) -> None:
             iv = f"[{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else "-"
             ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
             print(f"{t:>7} {i + 1:>4} {r['reward']:>6} {ratio:>7} {iv:>17} {str(r['timed_calls']):>5} {str(r['side']):>8} "
-                  f"{str(r['side_vs_1']):>7} {r['baseline']}")
+                  f"{str(r['side_vs_1']):>7} {_ms(r.get('candidate_ms')):>8} {_ms(r.get('host_ms')):>8} {r['baseline']}")
         rewards = [r["reward"] for r in rows]
         ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
         summary[t] = {
