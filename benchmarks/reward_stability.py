@@ -318,6 +318,8 @@ def _row(res) -> dict:
         "eager_ms": res.times.get("eager_ms"),
         # the claims' host part beyond the device's clock (candidate, reference): does load explain a flip?
         "host_ms": res.times.get("host_ms"), "reference_host_ms": res.times.get("reference_host_ms"),
+        # the claims' floor (rounds.call_margin): an honest candidate's margin is what its slack must cover
+        "call_margin_ms": res.times.get("call_margin_ms"), "call_floor_scale": res.times.get("call_floor_scale"),
         "compile_ratio": (d.get("compile") or {}).get("ratio"),
     }
 
@@ -485,7 +487,7 @@ def _ms(v) -> str:
 
 
 def table(labels, runs, out, save, args) -> None:
-    print(f"\n{'target':>7} {'run':>4} {'reward':>6} {'ratio':>7} {'interval':>17} {'calls':>5} {'vs 0.95':>8} {'vs 1.0':>7} {'cand ms':>8} {'host ms':>8} baseline")
+    print(f"\n{'target':>7} {'run':>4} {'reward':>6} {'ratio':>7} {'interval':>17} {'calls':>5} {'vs 0.95':>8} {'vs 1.0':>7} {'cand ms':>8} {'host ms':>8} {'margin':>7} baseline")
     summary = {}
     for t in labels:
         rows = runs[t]
@@ -493,7 +495,7 @@ def table(labels, runs, out, save, args) -> None:
             iv = f"[{r['lo']:.3f}, {r['hi']:.3f}]" if r["lo"] is not None else "-"
             ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
             print(f"{t:>7} {i + 1:>4} {r['reward']:>6} {ratio:>7} {iv:>17} {str(r['timed_calls']):>5} {str(r['side']):>8} "
-                  f"{str(r['side_vs_1']):>7} {_ms(r.get('candidate_ms')):>8} {_ms(r.get('host_ms')):>8} {r['baseline']}")
+                  f"{str(r['side_vs_1']):>7} {_ms(r.get('candidate_ms')):>8} {_ms(r.get('host_ms')):>8} {_ms(r.get('call_margin_ms')):>7} {r['baseline']}")
         rewards = [r["reward"] for r in rows]
         ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
         summary[t] = {

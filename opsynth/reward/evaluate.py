@@ -345,7 +345,7 @@ def _decide(ref: _Reference, pacer, rounds, cfg: RewardConfig, times: dict, deta
 def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times: dict, details: dict, off: set) -> tuple[str, str]:
     """The timed rounds, judged here: their outputs (fingerprints, the kept ones in full), the median
     from the per-round claims, the parent's wall clock against them, and the physical floor."""
-    from opsynth.reward.rounds import judge_rounds, plausible
+    from opsynth.reward.rounds import call_margin, judge_rounds, plausible
 
     if not rounds.done or rounds.error is not None:
         return "timing_protocol", rounds.error or "the timed rounds did not finish"
@@ -381,6 +381,9 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     # What the timed claims were raised by to meet the parent's clock around the call (1 and 0: as claimed)
     scale, shift = rounds.floor(main=not rounds.again)
     times["call_floor_scale"], times["call_shortfall_ms"] = round(scale, 4), round(shift, 3)
+    # ... and the margin that decides it, unclipped (an honest child's reads near 0 or below; the floor
+    # acts beyond CALL_FLOOR_SLACK_MS): what a machine's honest runs say that slack must cover
+    times["call_margin_ms"] = round(call_margin(rounds, ref.rounds, rounds.timed(main=not rounds.again)), 3)
     if fresh:
         verdict, detail = judge_rounds(ref.outputs, rounds, cand.get("rounds_kept") or {}, cfg, ref.rounds.keys, ref.facts)
         if verdict != "ok":

@@ -431,15 +431,29 @@ def call_floor(session: RoundSession, reference: RoundSession, rounds) -> tuple[
     same harness code) and CALL_FLOOR_SLACK_MS. A clock shaved by a factor is undone by the scale, one
     shaved by a constant (or claims of 0) by the shift; both are (1, 0) as soon as one of those rounds
     spent no more than the reference beyond its claim, which is what keeps load from demoting anyone."""
-    ref = reference.call_overheads()
-    r = max(statistics.median(ref), 0.0) if ref else 0.0
+    if call_margin(session, reference, rounds) - CALL_FLOOR_SLACK_MS <= 0:
+        return 1.0, 0.0
+    r = reference_call_overhead(reference)
     claims = session.claims
     floors = {j: session.call_wall[j] - r - CALL_FLOOR_SLACK_MS for j in lower_half(claims, session.call_wall, rounds)}
-    shift = min((f - claims[j] for j, f in floors.items()), default=0.0)
-    if shift <= 0:
-        return 1.0, 0.0
+    shift = min(f - claims[j] for j, f in floors.items())
     scale = min((f / claims[j] for j, f in floors.items() if claims[j] > 0), default=1.0)
     return max(1.0, scale), shift
+
+
+def reference_call_overhead(reference: RoundSession) -> float:
+    """The reference's median ms around the call beyond its claim (>= 0): the harness's own cost there."""
+    ref = reference.call_overheads()
+    return max(statistics.median(ref), 0.0) if ref else 0.0
+
+
+def call_margin(session: RoundSession, reference: RoundSession, rounds) -> float:
+    """The least ms the parent saw around the call beyond the claim, over the rounds that set the
+    median, less the reference's median overhead there: what `call_floor` holds to its slack. Near 0
+    or below for an honest child (one of those rounds ran as undisturbed as the reference's typical
+    round); a forger's shave shows in full. Reported per evaluation (`call_margin_ms`) so that the
+    slack can be read off honest runs on each machine (measured on CPU only so far)."""
+    return lower_half_min_excess(session.claims, session.call_wall, rounds) - reference_call_overhead(reference)
 
 
 def lower_half_min_gap(claims: dict, gaps: dict, rounds) -> float:

@@ -390,7 +390,7 @@ def test_claims_are_decided_on_the_parents_clock_around_the_call():
     (issue 28); the time decided is the parent's clock less the reference's overhead and the slack,
     so the forgery gains the slack (0.5 ms of 14) and no more. An honest child is left as it claimed,
     load in most of its rounds included; with the floor off (the control) the forged claim stands."""
-    from opsynth.reward.rounds import CALL_FLOOR_SLACK_MS, call_floor
+    from opsynth.reward.rounds import CALL_FLOOR_SLACK_MS, call_floor, call_margin
 
     s_ = CALL_FLOOR_SLACK_MS
     ref = _clocked(10.0, 10.4, 20.0, n=13)  # the reference's overhead around the call: 0.4 ms
@@ -424,6 +424,11 @@ def test_claims_are_decided_on_the_parents_clock_around_the_call():
         jitter.claims[j], jitter.call_wall[j] = 14.0 + 0.1 * j, 14.4 + 0.1 * j + (0.3 if j % 3 else 0.0)
     assert call_floor(jitter, ref, range(13)) == (1.0, 0.0)
     assert _clocked(7.28, 14.4, 30.0).floor() == (1.0, 0.0)
+    # The margin reported per evaluation: the forger's shave in full, the honest child's 0 (its least
+    # round as the reference's typical one), the jittery one's within the slack
+    assert call_margin(forged, ref, range(13)) == pytest.approx(0.48 * 13.4)
+    assert call_margin(honest, ref, range(13)) == pytest.approx(0.0)
+    assert call_margin(jitter, ref, range(13)) <= s_
 
 
 def test_a_pass_whose_claims_fall_short_of_the_parents_clock_is_timed_again():
