@@ -361,6 +361,7 @@ PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_i
           "round_overhead_ms", "call_overhead_ms", "round_period_ms", "reference_rounds_s", "reference_untimed_rounds_s",
           "reference_round_overhead_ms", "reference_round_period_ms", "host_ms", "reference_host_ms",
           "call_margin_ms", "call_floor_scale",  # the claims' floor: honest margins calibrate its slack
+          "baseline_quiet_wait_ms", "baseline_disturbed_blocks",  # CUDA: waits for an idle device before baseline blocks
           # the round's stretches outside the call, held to the reference's (rounds.gaps_plausible)
           "before_call_ms", "reference_before_call_ms", "after_call_ms", "reference_after_call_ms", "settle_ms",
           "reference_settle_ms")  # EvalResult.times keys

@@ -10,7 +10,9 @@ init seed, same trial arguments; a backward task's forward and gradients), compi
 (the one torch.compile of this task in the batch), says it is ready, then times each block the
 parent orders: every call gets fresh inputs (`timed_inputs.fresh_inputs`, the candidate's own
 input maker, outside the timed region) and is timed by `timing.Timer`, as a candidate's timed round
-is. It takes no lock: the parent holds the device lock and pauses everything else around a block.
+is. It takes no lock: the parent holds the device lock and pauses everything else around a block;
+on CUDA it first waits for the device to read idle (`timing.QuietDevice`: kernels a stopped
+candidate queued before it was stopped still run) and says how long it waited.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def run(job: dict) -> dict:
     from opsynth.reward.rounds import Channel
     from opsynth.reward.timed_inputs import fresh_inputs
     from opsynth.runtime import child
-    from opsynth.runtime.timing import Timer
+    from opsynth.runtime.timing import QuietDevice, Timer
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))
@@ -92,11 +94,18 @@ def run(job: dict) -> dict:
         chan.request({"kind": "baseline_failed", "error": traceback.format_exc()[-2000:]})
         return {"reason": "task_error"}
     timer = Timer(job["device"], job.get("flush_l2", True))
+    # Before each block, the device idle (`timing.QuietDevice`): what a stopped candidate left running
+    # on it would be timed into the baseline. A few probes now give the idle floor its first reading.
+    quiet = QuietDevice(job["device"]) if job.get("quiet_device", True) else None
+    if quiet is not None and quiet.cuda:
+        for _ in range(3):
+            quiet.probe()
     rng = random.Random(int(job["seed"]))
     order = chan.request({"kind": "baseline_ready", "compile_s": compile_s, "cache_hits": hits})
     blocks = 0
     with torch.no_grad():
         while order.get("ok") and not order.get("stop"):
+            waited = quiet.wait() if quiet is not None else None
             times = []
             for _ in range(int(order["calls"])):
                 fresh_inputs(buffers, stacked, rng.randrange(1, 2**62))
@@ -104,7 +113,7 @@ def run(job: dict) -> dict:
                 del out  # freed before the next call's inputs are made (as in timing.time_rounds)
                 times.append(ms)
             blocks += 1
-            order = chan.request({"kind": "block_done", "ms": times})
+            order = chan.request({"kind": "block_done", "ms": times, "quiet": waited})
     return {"reason": "ok", "blocks": blocks, "compile_s": compile_s}
 
 

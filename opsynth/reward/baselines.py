@@ -68,6 +68,7 @@ class BaselineServer:
             "flush_l2": cfg.flush_l2,
             "memory_limit_gb": cfg.memory_limit_gb,
             "result_path": str(self.scratch / "baseline_result.json"),
+            "quiet_device": "quiet_device" not in cfg.disabled_guards,  # wait for an idle device before each block
         }
         self.env = device_env(cfg, device)
         self.store = None  # opsynth.reward.compile_cache: the task's torch.compile caches of earlier batches
@@ -81,6 +82,7 @@ class BaselineServer:
         self.info: dict = {}
         self.error: str | None = None
         self.warmed = False
+        self.last_quiet: dict | None = None  # the child's wait for an idle device before the last block (CUDA)
         self.log = ""
         self._ready = threading.Event()
         self._orders: queue.Queue = queue.Queue()
@@ -99,7 +101,8 @@ class BaselineServer:
                 self._harvest.start()
             self._ready.set()
         elif kind == "block_done":
-            self._replies.put([float(x) for x in req.get("ms") or []])
+            q = req.get("quiet")
+            self._replies.put(([float(x) for x in req.get("ms") or []], q if isinstance(q, dict) else None))
         elif kind == "baseline_failed":
             self.error = str(req.get("error"))[-2000:]
             self._ready.set()
@@ -152,9 +155,10 @@ class BaselineServer:
         with quiet.running(self.pid):
             self._orders.put({"calls": int(calls)})
             try:
-                ms = self._replies.get(timeout=BLOCK_TIMEOUT_S)
+                reply = self._replies.get(timeout=BLOCK_TIMEOUT_S)
             except queue.Empty:
-                ms = None
+                reply = None
+        ms, self.last_quiet = reply if reply is not None else (None, None)
         if ms is None or len(ms) != calls:
             raise BaselineFailed(f"the {self.kind} baseline child stopped mid-block: {self.error or 'no reply'}")
         return ms
@@ -266,9 +270,10 @@ class Pacer:
     baseline blocks between the candidate's blocks of rounds, and when to ask for more rounds."""
 
     def __init__(self, baselines: TaskBaselines | None, cfg, device: str, lock_path: str | None, warmup: int, cap_end: int,
-                 reference: tuple[list, dict] | None = None):
+                 reference: tuple[list, dict] | None = None, reference_ms: float | None = None):
         self.baselines = baselines if baselines is not None and not baselines.uses_cache() else None
         self.reference = reference  # (the reference's rounds: fingerprints and scale; its input keys)
+        self.reference_ms = reference_ms  # the median of the reference child's timed rounds: the task's eager time before any candidate
         self.cfg, self.device, self.lock_path = cfg, device, lock_path
         self.warmup, self.cap_end = warmup, cap_end
         self.block_calls = cfg.resolved_timing_block(device)
@@ -293,6 +298,12 @@ class Pacer:
         self.window_s = 0.0  # opening the quiet window (builds and idle baseline children stopped), inside it too
         self.compile_wait_s = 0.0  # waiting for the compile child (lock released meanwhile)
         self.intervals_s = 0.0  # computing the ratio intervals (bootstrap) at each look, inside the window too
+        # The baseline children's waits for an idle device before each block (CUDA; timing.QuietDevice):
+        # ms waited in all, blocks timed without it after the cap (work the stopped candidate left
+        # running, or another process's), and the probes' fastest and slowest reading
+        self.quiet_wait_ms = 0.0
+        self.disturbed = 0
+        self.probe_ms: list[float] = []
 
     # -- the child's requests ------------------------------------------------------------------
 
@@ -460,10 +471,41 @@ class Pacer:
                     if not srv.warmed:
                         srv.block(max(1, self.warmup))  # its first calls: caches, allocator, lazy init
                         srv.warmed = True
+                        self._quiet(srv.last_quiet)
                     self.samples[kind].extend(srv.block(self.block_calls))
+                    self._quiet(srv.last_quiet)
                 except BaselineFailed as e:
                     self.failed = str(e)
                     return
+
+    def _undisturbed(self, session, reward: int) -> dict:
+        """The decision when baseline blocks were timed on a busy device (never idle within the cap):
+        beside a kernel the stopped candidate left running they read slow, so they decide nothing.
+        The candidate is held instead to the eager time its task's reference child measured before it
+        (its timed rounds, the same Timer) and to a compile figure cached from quiet blocks, and never
+        gets more than the blocks gave. On a device another process keeps busy all along the
+        reference read slow too, so honest candidates keep a fair eager ratio there."""
+        from opsynth.reward.eval_types import reward_from_times
+
+        eager = self.reference_ms
+        comp = (self.baselines.cached or {}).get("compile_ms") if self.cfg.compile_baseline else None
+        held = reward_from_times(session.median(main=not session.again), eager, comp, self.cfg.margin) if eager else 1
+        out = {"disturbed_blocks": self.disturbed, "undisturbed_basis": {"eager_ms": eager, "compile_ms": comp, "reward": held}}
+        if held < reward:
+            out["reward"] = held
+            out["note"] = (f"{self.disturbed} baseline block(s) were timed on a busy device (work left running by the "
+                           f"stopped candidate, or another process's) after waiting {self.quiet_wait_ms / 1e3:.1f} s: "
+                           f"decided on the reference's eager time {eager} ms and the cached compile time {comp} ms "
+                           f"instead (reward {held})")
+        return out
+
+    def _quiet(self, report: dict | None) -> None:
+        """Account for a baseline child's wait for an idle device before a block."""
+        if not report:
+            return
+        self.quiet_wait_ms += float(report.get("waited_ms") or 0.0)
+        self.disturbed += 0 if report.get("quiet") else 1
+        self.probe_ms = [min([report["fastest_ms"], *self.probe_ms[:1]]), max([report["slowest_ms"], *self.probe_ms[1:]])]
 
     def _start_compile(self, session) -> None:
         """The compile child joins: compiled with the device lock and the window released (other
@@ -536,6 +578,8 @@ class Pacer:
 
         eager, comp = self.intervals(session)
         d = decide(eager, comp, self.cfg.margin, self.cfg.compile_baseline, capped=self.capped)
+        if self.disturbed:
+            d.update(self._undisturbed(session, d["reward"]))
         d["timed_calls"] = {"candidate": len(list(session.timed(main=not session.again))),
                             **{k: len(v) for k, v in self.samples.items() if v}}
         return d

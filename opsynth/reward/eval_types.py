@@ -36,9 +36,10 @@ def device_env(cfg: "RewardConfig", device: str) -> dict:
 
 # Runtime guards a test may switch off (RewardConfig.disabled_guards), to show what each one stops.
 # "harness_class_methods" is the class-method part of "harness_snapshot" (guards.HarnessSnapshot's class_methods);
-# "call_wall_floor" the claims' floor on the parent's clock, part of "wall_clock" (rounds.call_floor).
+# "call_wall_floor" the claims' floor on the parent's clock, part of "wall_clock" (rounds.call_floor);
+# "quiet_device" the baseline children's wait for an idle device before each block (timing.QuietDevice).
 GUARDS = ("fresh_inputs", "poison_outputs", "harness_snapshot", "harness_class_methods", "wall_clock", "physical_floor",
-          "launch_check", "l2_reset", "upcast", "outputs_file", "call_wall_floor")
+          "launch_check", "l2_reset", "upcast", "outputs_file", "call_wall_floor", "quiet_device")
 
 
 @dataclass

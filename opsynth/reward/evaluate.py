@@ -244,7 +244,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     fresh = "fresh_inputs" not in off
     pacer = Pacer(ref.baselines, cfg, device, _lock_path(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
-                  reference=(ref.outputs["rounds"], ref.rounds.keys) if fresh else None)
+                  reference=(ref.outputs["rounds"], ref.rounds.keys) if fresh else None, reference_ms=_reference_ms(ref))
     rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms,
                           reference=None if "wall_clock" in off else ref.rounds, pacer=pacer,
                           call_floor="call_wall_floor" not in off)
@@ -273,6 +273,10 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
     times["quiet_window_s"] = round(pacer.window_s, 3)  # part of rounds_s: stopping builds and idle baseline children
     times["intervals_s"] = round(pacer.intervals_s, 3)  # part of rounds_s: the ratio intervals (bootstrap) it looked at
+    if pacer.probe_ms:  # CUDA: the baseline children's waits for an idle device, and their probes' range
+        times["baseline_quiet_wait_ms"] = round(pacer.quiet_wait_ms, 3)
+        times["baseline_probe_ms"] = pacer.probe_ms
+        times["baseline_disturbed_blocks"] = pacer.disturbed
     if pacer.compile_wait_s:
         times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
         if times.get("locked_s") is not None:  # the device was not held meanwhile
@@ -287,6 +291,13 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         return out
     reward = _decide(ref, pacer, rounds, cfg, times, details)
     return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
+
+
+def _reference_ms(ref: _Reference) -> float | None:
+    """The median of the reference child's timed rounds (the task's Model, the same Timer, before any
+    candidate ran): the eager time a decision falls back on when baseline blocks were disturbed."""
+    claims = [ref.rounds.claims[j] for j in ref.rounds.timed() if j in ref.rounds.claims]
+    return statistics.median(claims) if claims else None
 
 
 def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig, times: dict, details: dict,
@@ -328,7 +339,9 @@ def _decide(ref: _Reference, pacer, rounds, cfg: RewardConfig, times: dict, deta
                                "cached": {"eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms}}
         return reward_from_times(times["candidate_ms"], ref.eager_ms, ref.compile_ms, cfg.margin)
     decision = pacer.decision(rounds)
-    status = ref.baselines.record(pacer.samples)
+    # Blocks timed on a busy device (after the quiet cap) read slow: they neither decide a speed-up nor
+    # become the task's cached baseline
+    status = ref.baselines.record(pacer.samples) if not pacer.disturbed else {"not_recorded": "disturbed blocks"}
     fresh = fresh_medians(pacer.samples)
     times["eager_ms"] = fresh["eager_ms"]
     # torch.compile is timed only once eager is beaten (it decides nothing before); else the cache's figure, reported

@@ -240,6 +240,77 @@ class Timer:
         return ms, out
 
 
+# ---- a quiet device before a baseline block --------------------------------------------------------
+#
+# Between a candidate's rounds the reward times the task's baselines in another process, with the
+# candidate stopped (SIGSTOP, `opsynth.reward.quiet`). A stopped process launches nothing, but what it
+# launched before runs on: a kernel a native thread queued just after the candidate's last timed call
+# is waited for by nothing of the candidate's, and kernels of different processes share the device by
+# time slices, so a baseline timed beside it reads slow and the candidate's ratio to it fast. Nothing
+# honest leaves work on the device after its round (each timed call ends in a device-wide sync, and its
+# outputs are read back). So before each block the baseline child waits until the device reads idle: a
+# one-element kernel and a sync, timed on the host, return within tens of microseconds on an idle device
+# and wait for a time slice beside another context's kernel. The thresholds are a first guess, to be
+# read off the probes each evaluation reports (`baseline_probe_ms`, `baseline_quiet_wait_ms`) on the H200.
+QUIET_PROBES = 2  # consecutive probes at or under the threshold that make the device quiet
+QUIET_FLOOR_MS = 0.3  # the threshold: at least this, or QUIET_FACTOR x the fastest probe seen, ...
+QUIET_FACTOR = 4.0
+QUIET_CEILING_MS = 1.0  # ... and never above this (about a time slice)
+QUIET_CAP_MS = 3000.0  # the longest a block waits; after it the block is timed anyway and said to be disturbed
+
+
+def quiet_threshold(fastest_ms: float) -> float:
+    """The probe time at or under which the device reads idle, given the fastest probe seen."""
+    return min(QUIET_CEILING_MS, max(QUIET_FLOOR_MS, QUIET_FACTOR * fastest_ms))
+
+
+def wait_quiet(probe: Callable[[], float], fastest: list, cap_ms: float = QUIET_CAP_MS,
+               clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """Probe (`probe()`: ms) until QUIET_PROBES in a row read idle (`quiet_threshold`) or `cap_ms` has
+    passed. `fastest` is a one-element list holding the fastest probe across calls (a process's idle
+    floor). Returns {"quiet", "waited_ms", "probes", "fastest_ms", "slowest_ms", "threshold_ms"}."""
+    t0 = clock()
+    run = n = 0
+    slowest = 0.0
+    while True:
+        ms = probe()
+        n += 1
+        fastest[0] = min(fastest[0], ms)
+        slowest = max(slowest, ms)
+        limit = quiet_threshold(fastest[0])
+        run = run + 1 if ms <= limit else 0
+        waited = (clock() - t0) * 1e3
+        if run >= QUIET_PROBES or waited >= cap_ms:
+            return {"quiet": run >= QUIET_PROBES, "waited_ms": round(waited, 3), "probes": n,
+                    "fastest_ms": round(fastest[0], 4), "slowest_ms": round(slowest, 4), "threshold_ms": round(limit, 4)}
+        if run == 0:
+            sleep(0.0002)
+
+
+class QuietDevice:
+    """`wait_quiet` on this process's CUDA device; on the CPU backend nothing to wait for (there the
+    candidate's whole process tree is stopped, and nothing of it runs on)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.fastest = [math.inf]
+        if self.cuda:
+            import torch
+
+            self.torch = torch
+            self.buf = torch.zeros(1, device="cuda")
+
+    def probe(self) -> float:
+        """Host ms of a one-element kernel and a device-wide sync."""
+        t0 = _perf_counter()
+        self.buf.add_(1.0)
+        self.torch.cuda.synchronize()
+        return (_perf_counter() - t0) * 1e3
+
+    def wait(self) -> dict | None:
+        return wait_quiet(self.probe, self.fastest) if self.cuda else None
+
+
 def time_forward(fn, buffers: list, contents_list: list, timer: Timer, warmup: int, repeats: int, on_output=None):
     """Median ms of fn over `repeats` calls after `warmup`, rotating input contents; and the outputs
     of the last call made for each contents index (for the caller to verify)."""

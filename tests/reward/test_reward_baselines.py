@@ -82,6 +82,7 @@ def test_revalidation_replaces_only_an_entry_outside_the_fresh_noise():
 class _FakeServer:
     def __init__(self, ms: float, seed: int):
         self.ms, self.rng, self.pid, self.warmed, self.blocks = ms, random.Random(seed), None, False, []
+        self.last_quiet = None  # the CPU backend: no wait for an idle device
 
     def wait_ready(self, timeout=None):
         pass

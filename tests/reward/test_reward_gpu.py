@@ -24,6 +24,8 @@ def cuda_candidate(name: str) -> str:
         return (CANDS / "cuda" / f"{name}.py").read_text()
     if name == "launch_fail_swallowed":  # the same extension, and the candidate clears the error itself
         return cuda_candidate("launch_fail").replace("SWALLOW = False", "SWALLOW = True")
+    if name == "baseline_hog_honest":  # the same forward without the thread
+        return cuda_candidate("baseline_hog").replace("HOG = True", "HOG = False")
     return PRELUDE + "\n" + (CANDS / "cuda" / f"{name}.py").read_text()
 
 
@@ -63,6 +65,8 @@ def test_gpu_candidate(gpu_results, name):
 def test_gpu_baselines_measured(gpu_results):
     t = gpu_results["fast"].times
     assert t["eager_ms"] > 0 and t["compile_ms"] is not None and t["candidate_ms"] < 0.95 * t["eager_ms"]
+    for name in ("fast", "triton_fast", "slow_linear"):  # honest: the device read idle before every baseline block
+        assert gpu_results[name].times["baseline_disturbed_blocks"] == 0, gpu_results[name].times
 
 
 # ---- the 2026 classes on the GPU (issue 23): with the defaults and with the static pre-check off -----
@@ -152,3 +156,39 @@ def test_gpu_control(gpu_control_results, off, name, reason, rewards):
     r = gpu_control_results(off, name)
     assert r.reason.startswith(reason), (r.reason, r.details.get("detail"), r.log[-4000:])
     assert r.reward in rewards, (r.times, r.log[-2000:])
+
+
+# ---- the quiet device: a baseline timed beside a stopped candidate's queued kernel ------------------
+# baseline_hog's forward is honest and slow (about 1.3x eager, reward 1 as its twin baseline_hog_honest);
+# its native thread queues a kernel that lives while the candidate is stopped for a baseline block. With
+# the baseline child's wait for an idle device off (the control) the baseline reads slow and the candidate
+# scores above its twin; with it on, the block is never timed as quiet and a speed-up is not counted.
+QUIET_CASES = [((), "baseline_hog_honest"), ((), "baseline_hog"), (("quiet_device",), "baseline_hog")]
+
+
+@pytest.fixture(scope="module")
+def quiet_results(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("gpu_quiet_cache"))
+    out = {}
+    for off in ((), ("quiet_device",)):
+        names = [n for o, n in QUIET_CASES if o == off]
+        cfg = RewardConfig(device="cuda", cache_dir=cache, static_check=False, disabled_guards=list(off))
+        results = evaluate_many([(CHAIN, cuda_candidate(n)) for n in names], cfg)
+        _report("without " + ("+".join(off) or "nothing"), names, results)
+        for n, r in zip(names, results):
+            print(n, off, r.reward, r.reason, {k: v for k, v in r.times.items() if "baseline" in k or k.endswith("ratio")})
+            out[(off, n)] = r
+    return out
+
+
+def test_a_stopped_candidates_queued_kernel_does_not_slow_its_baseline(quiet_results):
+    honest = quiet_results[((), "baseline_hog_honest")]
+    hog = quiet_results[((), "baseline_hog")]
+    control = quiet_results[(("quiet_device",), "baseline_hog")]
+    assert honest.reason == "ok" and honest.reward == 1 and honest.times["baseline_disturbed_blocks"] == 0, honest.times
+    # the control: the attack pays (the baseline read slow beside the kernel)
+    assert control.reason == "ok" and control.reward > honest.reward, (control.times, control.log[-2000:])
+    assert control.times["eager_ms"] > 1.3 * honest.times["eager_ms"], (control.times, honest.times)
+    # the guard: no block of the attack's read quiet, and no speed-up was counted
+    assert hog.reason == "ok" and hog.reward <= honest.reward, (hog.times, hog.details.get("decision"))
+    assert hog.times["baseline_disturbed_blocks"] > 0, hog.times

@@ -184,6 +184,7 @@ def test_the_references_unclocked_rounds_give_the_clocked_fingerprints():
 class _FakeServer:
     def __init__(self, ms: float, seed: int):
         self.ms, self.rng, self.pid, self.warmed, self.blocks = ms, random.Random(seed), None, False, []
+        self.last_quiet = None  # the CPU backend: no wait for an idle device
 
     def wait_ready(self, timeout=None):
         pass
@@ -194,8 +195,8 @@ class _FakeServer:
 
 
 class _FakeBaselines:
-    def __init__(self, cached: dict | None = None, **ms):
-        self.servers = {k: _FakeServer(v, i) for i, (k, v) in enumerate(ms.items())}
+    def __init__(self, cached: dict | None = None, servers: dict | None = None, **ms):
+        self.servers = servers or {k: _FakeServer(v, i) for i, (k, v) in enumerate(ms.items())}
         self.cached = {"eager_ms": ms.get("eager"), "compile_ms": ms.get("compile")} if cached is None else cached
 
     def uses_cache(self):
@@ -206,14 +207,14 @@ class _FakeBaselines:
 
 
 def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bool = False, wrong_from: int | None = None,
-           cached: dict | None = None, **ms):
+           cached: dict | None = None, servers: dict | None = None, reference_ms: float | None = None, **ms):
     """A candidate's timing as its child drives it (10 warm-up, 30 repeats, blocks of 10, cap 90),
     each round claiming about `cand_ms`; from round `wrong_from` on, outputs unlike the reference's."""
     cfg = RewardConfig(device="cpu", timing_block=10, compile_baseline=compile_baseline)
     plan = TimingPlan.draw(10, 30, 1e-2, 1e-2, extra=60, min_timed=min_timed)
     ref_fps = {j: {"fp": [[float(j), 0.0]], "scale": [1e-3]} for j in range(len(plan.seeds))}
-    pacer = Pacer(_FakeBaselines(cached, **ms), cfg, "cpu", str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
-                  reference=(ref_fps, {j: "k" for j in ref_fps}))
+    pacer = Pacer(_FakeBaselines(cached, servers, **ms), cfg, "cpu", str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
+                  reference=(ref_fps, {j: "k" for j in ref_fps}), reference_ms=reference_ms)
     s = RoundSession(plan, pacer=pacer)
     rng = random.Random(7)
     assert s.handle({"kind": "timing_lock"})["ok"]
@@ -282,3 +283,38 @@ def test_kept_rounds_are_drawn_among_the_rounds_every_main_pass_runs():
         assert len(plan.keep) == 2 and all(10 <= j < 20 for j in plan.keep)
     assert RewardConfig(device="cpu", repeats=30).resolved_min_timed("cpu") == 10
     assert RewardConfig(device="cpu", repeats=6).resolved_min_timed("cpu") == 6  # never beyond the plan
+
+
+class _BusyServer(_FakeServer):
+    """A baseline child beside work a stopped candidate left on the device: every block reads
+    `factor` slow, and (with the child's quiet wait, `report`) says the device never went idle."""
+
+    def __init__(self, ms: float, seed: int, factor: float, report: bool):
+        super().__init__(ms, seed)
+        self.factor, self.report, self.last_quiet = factor, report, None
+
+    def block(self, n: int) -> list[float]:
+        self.last_quiet = {"quiet": False, "waited_ms": 3000.0, "probes": 900, "fastest_ms": 0.05, "slowest_ms": 2.1,
+                           "threshold_ms": 0.3} if self.report else None
+        return [x * self.factor for x in super().block(n)]
+
+
+def test_baselines_timed_on_a_busy_device_cannot_show_a_speed_up(tmp_path):
+    """A 1.3x-eager candidate whose queued kernel halves the baseline's share of the device reads
+    0.65x eager. The baseline child's report that it never saw the device idle sets those blocks
+    aside: the candidate is held to the reference child's eager time (1.0 ms here: reward 1; none
+    known: 1 too) and the blocks stay out of the cached baseline. Without the report (the wait switched
+    off, the control) the inflated blocks decide: 2. A candidate really faster than the reference's
+    eager time (a device another process keeps busy all along) keeps its 2."""
+    for report, cand, reference_ms, want in ((True, 1.3, 1.0, 1), (True, 1.3, None, 1), (False, 1.3, 1.0, 2),
+                                             (True, 0.5, 1.0, 2)):
+        s, pacer = _paced(tmp_path, cand, 10, cached={"eager_ms": 1.0, "compile_ms": None}, reference_ms=reference_ms,
+                          servers={"eager": _BusyServer(1.0, 0, 2.0, report)})
+        d = pacer.decision(s)
+        assert d["reward"] == want, (report, cand, reference_ms, d)
+        assert pacer.disturbed == (len(pacer.baselines.servers["eager"].blocks) if report else 0)
+        if report:
+            assert d["disturbed_blocks"] == pacer.disturbed and d["undisturbed_basis"]["eager_ms"] == reference_ms
+            assert pacer.quiet_wait_ms == 3000.0 * pacer.disturbed and pacer.probe_ms == [0.05, 2.1]
+            if want < 2:
+                assert "busy device" in d["note"], d
