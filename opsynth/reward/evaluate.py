@@ -68,6 +68,7 @@ class _Reference:
     facts: object = None  # compare.FactsMemo: facts about `outputs`, computed once for all its candidates
     rounds_s: float | None = None  # the reference child's timed rounds, holding the device to itself
     untimed_rounds_s: float | None = None  # its unclocked rounds (tolerances, the seeds past the main pass), the device shared
+    done_at_s: float | None = None  # seconds into its batch when it was ready (the batch's timeline)
 
 
 def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
@@ -476,6 +477,7 @@ def evaluate_many(pairs, cfg: RewardConfig | None = None, on_result=None, client
     if not batch.specs:
         return _with_settings([r for r in batch.results], cfg)  # type: ignore[misc]
     _start_services(cfg, device, batch.say)
+    batch.services_at_s = batch.at()
     build_workers = cfg.resolved_build_workers(device)
     batch.scratches = {i: _tmpdir("opsynth_cand_") for i in batch.specs}
     for i in batch.specs:
@@ -507,6 +509,14 @@ class _Batch:
     specs: dict = field(default_factory=dict)  # index -> CandidateSpec, for those past the precheck
     scratches: dict = field(default_factory=dict)  # index -> the candidate's scratch folder
     by_digest: dict = field(default_factory=dict)  # candidate digest -> indices: identical ones build once
+    # The batch's timeline, seconds from its start: where a user's single evaluation waits (services,
+    # its task's reference, its build, its measurement), reported in each result's times
+    t0: float = field(default_factory=time.perf_counter)
+    services_at_s: float | None = None
+    built_at_s: dict = field(default_factory=dict)  # candidate digest -> when its build child ended
+
+    def at(self) -> float:
+        return round(time.perf_counter() - self.t0, 3)
     ref_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its _Reference
 
     @cached_property
@@ -557,13 +567,17 @@ def _build_distinct(batch: _Batch, digest):
 
         return digest, ChildResult("ok")
     batch.say(f"[reward] candidate {i}: running its module top level (builds its extensions)")
-    return digest, _build(batch.specs[i], batch.cfg, batch.device, batch.scratches[i])
+    try:
+        return digest, _build(batch.specs[i], batch.cfg, batch.device, batch.scratches[i])
+    finally:
+        batch.built_at_s[digest] = batch.at()
 
 
 def _reference_task(batch: _Batch, task):
     """One task's reference run, with a line before and after for progress."""
     batch.say("[reward] reference: Model outputs and the timed rounds' fingerprints; an eager baseline child")
     ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1])
+    ref.done_at_s = batch.at()
     if ref.ok:
         from opsynth.reward.baselines import TaskBaselines, prestarts_compile
 
@@ -593,7 +607,12 @@ def _measure_one(batch: _Batch, j, bres):
         out = EvalResult.rejected(bres.reason, bres.log, device=device)
         out.details = {k: bres.data[k] for k in ("detail", "builds") if bres.data.get(k) is not None}
         return out
+    measure_at = batch.at()
     res = _measure(batch.specs[j], ref, batch.cfg, device, batch.scratches[j], bres.log)
+    # The timeline (seconds into the batch): services up, its reference ready, its build ended, its
+    # measuring child started (after both), its result known (the judging included)
+    res.times.update(services_at_s=batch.services_at_s, reference_at_s=ref.done_at_s,
+                     built_at_s=batch.built_at_s.get(batch.specs[j].digest()), measure_at_s=measure_at, done_at_s=batch.at())
     if bres.data and bres.data.get("build_s") is not None:
         res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # the module top level, builds included
         res.times["prebuild_wall_s"] = round(bres.wall_s, 3)  # the whole build child, start to exit
