@@ -19,10 +19,11 @@ if [ "$STAGE" = all ] || [ "$STAGE" = throughput ]; then
 timeout ${THROUGHPUT_S:-320} python3 benchmarks/reward_throughput.py --baseline-count 2 --out "$OUT/reward_throughput.json" > "$OUT/reward_throughput.log" 2>&1
 echo "throughput rc=$?"; tail -12 "$OUT/reward_throughput.log"
 fi
-# The suite without its controls took 150 s on 2026-12-03; each control starts its own server and
+# The suite without its controls took 150 s on 2026-12-03 (the quiet-device cases, added 2026-12-04, add two
+# batches with their own builds); each control starts its own server and
 # builds in a fresh cache (25-110 s each), so they are a stage of their own (CONTROLS=-k expression).
 if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
-timeout ${TESTS_S:-240} python3 -m pytest -s -v -m gpu tests/reward/test_reward_gpu.py -k "not gpu_control" -p no:cacheprovider --timeout 230 --durations=3 > "$OUT/gpu_tests.log" 2>&1
+timeout ${TESTS_S:-420} python3 -m pytest -s -v -m gpu tests/reward/test_reward_gpu.py -k "not gpu_control" -p no:cacheprovider --timeout 230 --durations=3 > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; tail -16 "$OUT/gpu_tests.log"
 fi
 if [ "$STAGE" = controls ]; then

@@ -32,6 +32,8 @@ EXPECTED = {  # fixture -> static verdict (reason prefix); "ok" means only the r
     "launch_fail": "ok",
     "event_patch": "ok",  # py::exec inside a C++ static initialiser
     "precompute": "ok",  # gc reached from C++ (pybind11::module_::import), not from a Python import
+    # issue 28: its std::thread is in the text; the GPU suite runs it with the check off (the quiet device decides)
+    "baseline_hog": "side_stream",
 }
 
 
