@@ -97,9 +97,8 @@ def run(job: dict) -> dict:
     # Before each block, the device idle (`timing.QuietDevice`): what a stopped candidate left running
     # on it would be timed into the baseline. A few probes now give the idle floor its first reading.
     quiet = QuietDevice(job["device"]) if job.get("quiet_device", True) else None
-    if quiet is not None and quiet.cuda:
-        for _ in range(3):
-            quiet.probe()
+    if quiet is not None:
+        quiet.warm()
     rng = random.Random(int(job["seed"]))
     order = chan.request({"kind": "baseline_ready", "compile_s": compile_s, "cache_hits": hits})
     blocks = 0

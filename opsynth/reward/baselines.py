@@ -303,7 +303,7 @@ class Pacer:
         # running, or another process's), and the probes' fastest and slowest reading
         self.quiet_wait_ms = 0.0
         self.disturbed = 0
-        self.probe_ms: list[float] = []
+        self.probe_ms: dict = {}  # {"host"|"device": [fastest, slowest]}
 
     # -- the child's requests ------------------------------------------------------------------
 
@@ -505,7 +505,10 @@ class Pacer:
             return
         self.quiet_wait_ms += float(report.get("waited_ms") or 0.0)
         self.disturbed += 0 if report.get("quiet") else 1
-        self.probe_ms = [min([report["fastest_ms"], *self.probe_ms[:1]]), max([report["slowest_ms"], *self.probe_ms[1:]])]
+        for key, lo, hi in (("host", "fastest_ms", "slowest_ms"), ("device", "device_fastest_ms", "device_slowest_ms")):
+            if report.get(lo) is not None:
+                seen = self.probe_ms.get(key)
+                self.probe_ms[key] = [min(report[lo], seen[0]), max(report[hi], seen[1])] if seen else [report[lo], report[hi]]
 
     def _start_compile(self, session) -> None:
         """The compile child joins: compiled with the device lock and the window released (other

@@ -248,41 +248,61 @@ class Timer:
 # is waited for by nothing of the candidate's, and kernels of different processes share the device by
 # time slices, so a baseline timed beside it reads slow and the candidate's ratio to it fast. Nothing
 # honest leaves work on the device after its round (each timed call ends in a device-wide sync, and its
-# outputs are read back). So before each block the baseline child waits until the device reads idle: a
-# one-element kernel and a sync, timed on the host, return within tens of microseconds on an idle device
-# and wait for a time slice beside another context's kernel. The thresholds are a first guess, to be
-# read off the probes each evaluation reports (`baseline_probe_ms`, `baseline_quiet_wait_ms`) on the H200.
-QUIET_PROBES = 2  # consecutive probes at or under the threshold that make the device quiet
-QUIET_FLOOR_MS = 0.3  # the threshold: at least this, or QUIET_FACTOR x the fastest probe seen, ...
+# outputs are read back). So before each block the baseline child waits until the device reads idle.
+# The probe is a short fixed kernel (PROBE_ELEMENTS, tens of microseconds) between two events and a
+# sync, read two ways, each against the fastest reading this process has had (its idle floor): on the
+# host, whose wait includes the time slices another context holds before ours runs (long slices); and on
+# the device, the kernel's own stretch, which grows when the context is switched out mid-kernel (short
+# slices). The thresholds are a first guess, to be read off what each evaluation reports
+# (`baseline_probe_ms`, `baseline_quiet_wait_ms`) on the H200.
+QUIET_PROBES = 2  # consecutive probes under both thresholds that make the device quiet
+QUIET_FLOOR_MS = 0.3  # host: at least this, or QUIET_FACTOR x the fastest host reading, ...
 QUIET_FACTOR = 4.0
 QUIET_CEILING_MS = 1.0  # ... and never above this (about a time slice)
+QUIET_DEVICE_FACTOR = 1.5  # device: the kernel's stretch within 1.5x its fastest (+ QUIET_DEVICE_SLACK_MS)
+QUIET_DEVICE_SLACK_MS = 0.005
 QUIET_CAP_MS = 3000.0  # the longest a block waits; after it the block is timed anyway and said to be disturbed
+PROBE_ELEMENTS = 1 << 22  # the probe kernel's float32 elements (16 MiB written: tens of microseconds on an H200)
 
 
 def quiet_threshold(fastest_ms: float) -> float:
-    """The probe time at or under which the device reads idle, given the fastest probe seen."""
+    """The host reading at or under which the device reads idle, given the fastest one seen."""
     return min(QUIET_CEILING_MS, max(QUIET_FLOOR_MS, QUIET_FACTOR * fastest_ms))
 
 
-def wait_quiet(probe: Callable[[], float], fastest: list, cap_ms: float = QUIET_CAP_MS,
+def device_threshold(fastest_ms: float) -> float:
+    """The probe kernel's device stretch at or under which it ran without being switched out."""
+    return QUIET_DEVICE_FACTOR * fastest_ms + QUIET_DEVICE_SLACK_MS
+
+
+def wait_quiet(probe: Callable[[], tuple], fastest: list, cap_ms: float = QUIET_CAP_MS,
                clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Probe (`probe()`: ms) until QUIET_PROBES in a row read idle (`quiet_threshold`) or `cap_ms` has
-    passed. `fastest` is a one-element list holding the fastest probe across calls (a process's idle
-    floor). Returns {"quiet", "waited_ms", "probes", "fastest_ms", "slowest_ms", "threshold_ms"}."""
+    """Probe (`probe()`: (host ms, device ms or None)) until QUIET_PROBES in a row read idle on both
+    (`quiet_threshold`, `device_threshold`) or `cap_ms` has passed. `fastest` is a two-element list,
+    the fastest host and device readings across calls (a process's idle floor). Returns {"quiet",
+    "waited_ms", "probes", "fastest_ms", "slowest_ms", "threshold_ms", "device_fastest_ms",
+    "device_slowest_ms"}."""
     t0 = clock()
     run = n = 0
-    slowest = 0.0
+    slowest = [0.0, 0.0]
     while True:
-        ms = probe()
+        host, dev = probe()
         n += 1
-        fastest[0] = min(fastest[0], ms)
-        slowest = max(slowest, ms)
-        limit = quiet_threshold(fastest[0])
-        run = run + 1 if ms <= limit else 0
+        fastest[0] = min(fastest[0], host)
+        slowest[0] = max(slowest[0], host)
+        idle = host <= quiet_threshold(fastest[0])
+        if dev is not None:
+            fastest[1] = min(fastest[1], dev)
+            slowest[1] = max(slowest[1], dev)
+            idle = idle and dev <= device_threshold(fastest[1])
+        run = run + 1 if idle else 0
         waited = (clock() - t0) * 1e3
         if run >= QUIET_PROBES or waited >= cap_ms:
             return {"quiet": run >= QUIET_PROBES, "waited_ms": round(waited, 3), "probes": n,
-                    "fastest_ms": round(fastest[0], 4), "slowest_ms": round(slowest, 4), "threshold_ms": round(limit, 4)}
+                    "fastest_ms": round(fastest[0], 4), "slowest_ms": round(slowest[0], 4),
+                    "threshold_ms": round(quiet_threshold(fastest[0]), 4),
+                    "device_fastest_ms": round(fastest[1], 4) if fastest[1] < math.inf else None,
+                    "device_slowest_ms": round(slowest[1], 4) if dev is not None else None}
         if run == 0:
             sleep(0.0002)
 
@@ -293,19 +313,30 @@ class QuietDevice:
 
     def __init__(self, device: str):
         self.cuda = device == "cuda"
-        self.fastest = [math.inf]
+        self.fastest = [math.inf, math.inf]
         if self.cuda:
             import torch
 
             self.torch = torch
-            self.buf = torch.zeros(1, device="cuda")
+            self.buf = torch.zeros(PROBE_ELEMENTS, device="cuda")
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def probe(self) -> float:
-        """Host ms of a one-element kernel and a device-wide sync."""
+    def probe(self) -> tuple[float, float]:
+        """(host ms, device ms) of the probe kernel: from its launch to the sync's return, and between
+        its events."""
         t0 = _perf_counter()
+        self.start.record()
         self.buf.add_(1.0)
+        self.end.record()
         self.torch.cuda.synchronize()
-        return (_perf_counter() - t0) * 1e3
+        host = (_perf_counter() - t0) * 1e3
+        return host, self.start.elapsed_time(self.end)
+
+    def warm(self, n: int = 3) -> None:
+        """A few probes for the idle floor's first readings (the first also loads the kernel)."""
+        for _ in range(n if self.cuda else 0):
+            host, dev = self.probe()
+            self.fastest = [min(self.fastest[0], host), min(self.fastest[1], dev)]
 
     def wait(self) -> dict | None:
         return wait_quiet(self.probe, self.fastest) if self.cuda else None

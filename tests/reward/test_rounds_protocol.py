@@ -295,7 +295,7 @@ class _BusyServer(_FakeServer):
 
     def block(self, n: int) -> list[float]:
         self.last_quiet = {"quiet": False, "waited_ms": 3000.0, "probes": 900, "fastest_ms": 0.05, "slowest_ms": 2.1,
-                           "threshold_ms": 0.3} if self.report else None
+                           "threshold_ms": 0.3, "device_fastest_ms": 0.03, "device_slowest_ms": 0.07} if self.report else None
         return [x * self.factor for x in super().block(n)]
 
 
@@ -315,6 +315,6 @@ def test_baselines_timed_on_a_busy_device_cannot_show_a_speed_up(tmp_path):
         assert pacer.disturbed == (len(pacer.baselines.servers["eager"].blocks) if report else 0)
         if report:
             assert d["disturbed_blocks"] == pacer.disturbed and d["undisturbed_basis"]["eager_ms"] == reference_ms
-            assert pacer.quiet_wait_ms == 3000.0 * pacer.disturbed and pacer.probe_ms == [0.05, 2.1]
+            assert pacer.quiet_wait_ms == 3000.0 * pacer.disturbed and pacer.probe_ms == {"host": [0.05, 2.1], "device": [0.03, 0.07]}
             if want < 2:
                 assert "busy device" in d["note"], d
