@@ -303,6 +303,11 @@ class Pacer:
         # running, or another process's), and the probes' fastest and slowest reading
         self.quiet_wait_ms = 0.0
         self.disturbed = 0
+        # Where the blocks' wall goes: the baseline's timed calls, the rest of each block beyond them
+        # (and beyond the quiet wait), and stopping and continuing the candidate around them
+        self.calls_s = 0.0
+        self.block_overhead_s = 0.0
+        self.stop_s = 0.0
         self.probe_ms: dict = {}  # {"host"|"device": [fastest, slowest]}
 
     # -- the child's requests ------------------------------------------------------------------
@@ -464,19 +469,37 @@ class Pacer:
             self.blocks_s += time.perf_counter() - t0
 
     def _run_blocks(self, quiet, kinds: set) -> None:
+        t0 = time.perf_counter()
         with quiet.paused(self.pid):
-            for kind in [k for k in self.active if k in kinds]:
-                srv = self.baselines.server(kind)
-                try:
-                    if not srv.warmed:
-                        srv.block(max(1, self.warmup))  # its first calls: caches, allocator, lazy init
-                        srv.warmed = True
-                        self._quiet(srv.last_quiet)
-                    self.samples[kind].extend(srv.block(self.block_calls))
-                    self._quiet(srv.last_quiet)
-                except BaselineFailed as e:
-                    self.failed = str(e)
-                    return
+            self.stop_s += time.perf_counter() - t0
+            self._blocks_of(kinds)
+            t0 = time.perf_counter()
+        self.stop_s += time.perf_counter() - t0
+
+    def _blocks_of(self, kinds: set) -> None:
+        for kind in [k for k in self.active if k in kinds]:
+            srv = self.baselines.server(kind)
+            try:
+                if not srv.warmed:
+                    self._block(srv, max(1, self.warmup))  # its first calls: caches, allocator, lazy init
+                    srv.warmed = True
+                self.samples[kind].extend(self._block(srv, self.block_calls))
+            except BaselineFailed as e:
+                self.failed = str(e)
+                return
+
+    def _block(self, srv, calls: int) -> list[float]:
+        """One block, accounted for: its timed calls' ms, and the rest of its wall beyond them and
+        the wait for an idle device (the baseline child's fresh inputs, flushes, syncs, the channel,
+        continuing and stopping it)."""
+        t0 = time.perf_counter()
+        ms = srv.block(calls)
+        wall = time.perf_counter() - t0
+        self._quiet(srv.last_quiet)
+        waited = float((srv.last_quiet or {}).get("waited_ms") or 0.0) / 1e3
+        self.calls_s += sum(ms) / 1e3
+        self.block_overhead_s += max(0.0, wall - sum(ms) / 1e3 - waited)
+        return ms
 
     def _undisturbed(self, session, reward: int) -> dict:
         """The decision when baseline blocks were timed on a busy device (never idle within the cap):

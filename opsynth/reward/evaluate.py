@@ -274,6 +274,9 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
     times["quiet_window_s"] = round(pacer.window_s, 3)  # part of rounds_s: stopping builds and idle baseline children
     times["intervals_s"] = round(pacer.intervals_s, 3)  # part of rounds_s: the ratio intervals (bootstrap) it looked at
+    # parts of baseline_blocks_s: the baseline's timed calls, the blocks' other work, stopping the candidate
+    times["baseline_calls_s"], times["baseline_block_overhead_s"] = round(pacer.calls_s, 3), round(pacer.block_overhead_s, 3)
+    times["candidate_stop_s"] = round(pacer.stop_s, 3)
     if pacer.probe_ms:  # CUDA: the baseline children's waits for an idle device, and their probes' range
         times["baseline_quiet_wait_ms"] = round(pacer.quiet_wait_ms, 3)
         times["baseline_probe_ms"] = pacer.probe_ms
