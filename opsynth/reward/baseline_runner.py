@@ -68,7 +68,7 @@ def run(job: dict) -> dict:
     from opsynth.reward.rounds import Channel
     from opsynth.reward.timed_inputs import fresh_inputs
     from opsynth.runtime import child
-    from opsynth.runtime.timing import QuietDevice, Timer
+    from opsynth.runtime.timing import QUIET_CAP_MS, QuietDevice, Timer
 
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))
@@ -104,7 +104,7 @@ def run(job: dict) -> dict:
     blocks = 0
     with torch.no_grad():
         while order.get("ok") and not order.get("stop"):
-            waited = quiet.wait() if quiet is not None else None
+            waited = quiet.wait(float(order.get("quiet_cap_ms", QUIET_CAP_MS))) if quiet is not None else None
             times = []
             for _ in range(int(order["calls"])):
                 fresh_inputs(buffers, stacked, rng.randrange(1, 2**62))

@@ -147,13 +147,14 @@ class BaselineServer:
         if self.error is not None and not self.info:
             raise BaselineFailed(f"the {self.kind} baseline child failed: {self.error}")
 
-    def block(self, calls: int) -> list[float]:
-        """Milliseconds of `calls` timed calls (the caller holds the device and a quiet window)."""
+    def block(self, calls: int, quiet_cap_ms: float | None = None) -> list[float]:
+        """Milliseconds of `calls` timed calls (the caller holds the device and a quiet window);
+        `quiet_cap_ms`: the longest the child may wait for an idle device first (its default cap)."""
         from opsynth.reward import quiet
 
         self.wait_ready()
         with quiet.running(self.pid):
-            self._orders.put({"calls": int(calls)})
+            self._orders.put({"calls": int(calls), **({} if quiet_cap_ms is None else {"quiet_cap_ms": float(quiet_cap_ms)})})
             try:
                 reply = self._replies.get(timeout=BLOCK_TIMEOUT_S)
             except queue.Empty:
@@ -492,8 +493,12 @@ class Pacer:
         """One block, accounted for: its timed calls' ms, and the rest of its wall beyond them and
         the wait for an idle device (the baseline child's fresh inputs, flushes, syncs, the channel,
         continuing and stopping it)."""
+        from opsynth.runtime.timing import QUIET_CAP_MS
+
         t0 = time.perf_counter()
-        ms = srv.block(calls)
+        # the wait for an idle device is one budget per candidate: a kernel it leaves running costs
+        # its evaluation at most QUIET_CAP_MS, not that much per block
+        ms = srv.block(calls, quiet_cap_ms=max(0.0, QUIET_CAP_MS - self.quiet_wait_ms))
         wall = time.perf_counter() - t0
         self._quiet(srv.last_quiet)
         waited = float((srv.last_quiet or {}).get("waited_ms") or 0.0) / 1e3

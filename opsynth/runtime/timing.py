@@ -261,7 +261,7 @@ QUIET_FACTOR = 4.0
 QUIET_CEILING_MS = 1.0  # ... and never above this (about a time slice)
 QUIET_DEVICE_FACTOR = 1.5  # device: the kernel's stretch within 1.5x its fastest (+ QUIET_DEVICE_SLACK_MS)
 QUIET_DEVICE_SLACK_MS = 0.005
-QUIET_CAP_MS = 3000.0  # the longest a block waits; after it the block is timed anyway and said to be disturbed
+QUIET_CAP_MS = 3000.0  # the longest one candidate's blocks wait in all; after it a block is timed anyway and said to be disturbed
 PROBE_ELEMENTS = 1 << 22  # the probe kernel's float32 elements (16 MiB written: tens of microseconds on an H200)
 
 
@@ -278,7 +278,8 @@ def device_threshold(fastest_ms: float) -> float:
 def wait_quiet(probe: Callable[[], tuple], fastest: list, cap_ms: float = QUIET_CAP_MS,
                clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> dict:
     """Probe (`probe()`: (host ms, device ms or None)) until QUIET_PROBES in a row read idle on both
-    (`quiet_threshold`, `device_threshold`) or `cap_ms` has passed. `fastest` is a two-element list,
+    (`quiet_threshold`, `device_threshold`) or `cap_ms` has passed (QUIET_PROBES probes at least, so
+    an idle device reads quiet with no time left to wait). `fastest` is a two-element list,
     the fastest host and device readings across calls (a process's idle floor). Returns {"quiet",
     "waited_ms", "probes", "fastest_ms", "slowest_ms", "threshold_ms", "device_fastest_ms",
     "device_slowest_ms"}."""
@@ -297,7 +298,7 @@ def wait_quiet(probe: Callable[[], tuple], fastest: list, cap_ms: float = QUIET_
             idle = idle and dev <= device_threshold(fastest[1])
         run = run + 1 if idle else 0
         waited = (clock() - t0) * 1e3
-        if run >= QUIET_PROBES or waited >= cap_ms:
+        if run >= QUIET_PROBES or (waited >= cap_ms and n >= QUIET_PROBES):
             return {"quiet": run >= QUIET_PROBES, "waited_ms": round(waited, 3), "probes": n,
                     "fastest_ms": round(fastest[0], 4), "slowest_ms": round(slowest[0], 4),
                     "threshold_ms": round(quiet_threshold(fastest[0]), 4),
@@ -338,8 +339,8 @@ class QuietDevice:
             host, dev = self.probe()
             self.fastest = [min(self.fastest[0], host), min(self.fastest[1], dev)]
 
-    def wait(self) -> dict | None:
-        return wait_quiet(self.probe, self.fastest) if self.cuda else None
+    def wait(self, cap_ms: float = QUIET_CAP_MS) -> dict | None:
+        return wait_quiet(self.probe, self.fastest, cap_ms) if self.cuda else None
 
 
 def time_forward(fn, buffers: list, contents_list: list, timer: Timer, warmup: int, repeats: int, on_output=None):

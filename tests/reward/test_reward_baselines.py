@@ -87,7 +87,7 @@ class _FakeServer:
     def wait_ready(self, timeout=None):
         pass
 
-    def block(self, n: int) -> list[float]:
+    def block(self, n: int, quiet_cap_ms: float | None = None) -> list[float]:
         self.blocks.append(n)
         return [self.ms * self.rng.lognormvariate(0.0, 0.03) for _ in range(n)]
 

@@ -189,7 +189,7 @@ class _FakeServer:
     def wait_ready(self, timeout=None):
         pass
 
-    def block(self, n: int) -> list[float]:
+    def block(self, n: int, quiet_cap_ms: float | None = None) -> list[float]:
         self.blocks.append(n)
         return [self.ms * self.rng.lognormvariate(0.0, 0.03) for _ in range(n)]
 
@@ -291,10 +291,11 @@ class _BusyServer(_FakeServer):
 
     def __init__(self, ms: float, seed: int, factor: float, report: bool):
         super().__init__(ms, seed)
-        self.factor, self.report, self.last_quiet = factor, report, None
+        self.factor, self.report, self.last_quiet, self.caps = factor, report, None, []
 
-    def block(self, n: int) -> list[float]:
-        self.last_quiet = {"quiet": False, "waited_ms": 3000.0, "probes": 900, "fastest_ms": 0.05, "slowest_ms": 2.1,
+    def block(self, n: int, quiet_cap_ms: float | None = None) -> list[float]:
+        self.caps.append(quiet_cap_ms)  # the child waits that long, then says the device never went idle
+        self.last_quiet = {"quiet": False, "waited_ms": quiet_cap_ms, "probes": 900, "fastest_ms": 0.05, "slowest_ms": 2.1,
                            "threshold_ms": 0.3, "device_fastest_ms": 0.03, "device_slowest_ms": 0.07} if self.report else None
         return [x * self.factor for x in super().block(n)]
 
@@ -315,6 +316,9 @@ def test_baselines_timed_on_a_busy_device_cannot_show_a_speed_up(tmp_path):
         assert pacer.disturbed == (len(pacer.baselines.servers["eager"].blocks) if report else 0)
         if report:
             assert d["disturbed_blocks"] == pacer.disturbed and d["undisturbed_basis"]["eager_ms"] == reference_ms
-            assert pacer.quiet_wait_ms == 3000.0 * pacer.disturbed and pacer.probe_ms == {"host": [0.05, 2.1], "device": [0.03, 0.07]}
+            # one wait budget per candidate: the first block waits the whole cap, the later ones probe only
+            caps = pacer.baselines.servers["eager"].caps
+            assert caps[0] == 3000.0 and set(caps[1:]) == {0.0} and pacer.quiet_wait_ms == 3000.0, caps
+            assert pacer.probe_ms == {"host": [0.05, 2.1], "device": [0.03, 0.07]}
             if want < 2:
                 assert "busy device" in d["note"], d

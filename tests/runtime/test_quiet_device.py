@@ -76,6 +76,13 @@ def test_a_device_busy_past_the_cap_is_reported_not_quiet():
     assert QUIET_CAP_MS >= 1000.0  # the default waits out what an honest neighbour's work could take
 
 
+def test_with_no_time_left_an_idle_device_still_reads_quiet_a_busy_one_does_not():
+    # a candidate whose earlier blocks used up the wait budget: two probes, no waiting
+    assert _wait([0.05, 0.05], [0.05, 0.03], cap_ms=0.0)[0]["quiet"]
+    r, _ = _wait([2.0, 2.0, 2.0], [0.05, 0.03], cap_ms=0.0)
+    assert not r["quiet"] and r["probes"] == 2
+
+
 def test_the_thresholds_follow_the_idle_floor_within_their_bounds():
     assert quiet_threshold(0.01) == timing.QUIET_FLOOR_MS  # a fast machine: the floor
     assert quiet_threshold(0.15) == pytest.approx(0.6)  # a slower sync (a sandboxed driver): 4x its idle probe
