@@ -392,6 +392,7 @@ class Pacer:
             t0 = time.perf_counter()
             self._window.enter_context(_quiet_window())
             self.window_s += time.perf_counter() - t0
+            self._settle_device()
         if j < self.warmup:
             return None
         if j == self.next_boundary or self.pending:
@@ -476,6 +477,22 @@ class Pacer:
             self._blocks_of(kinds)
             t0 = time.perf_counter()
         self.stop_s += time.perf_counter() - t0
+
+    def _settle_device(self) -> None:
+        """Before the candidate's first timed round, the device idle (CUDA): a kernel another child
+        left running after it let go of the lock (a sibling saving its outputs before it exits; a
+        neighbour's set-up) would be timed into this candidate's rounds. The eager baseline child
+        probes (a block of no calls), the candidate stopped meanwhile; a device busy past the wait
+        budget counts as a disturbed block."""
+        if self.baselines is None or self.device != "cuda" or self.failed:
+            return
+        from opsynth.reward import quiet
+
+        with quiet.paused(self.pid):
+            try:
+                self._block(self.baselines.server("eager"), 0)
+            except BaselineFailed as e:
+                self.failed = str(e)
 
     def _blocks_of(self, kinds: set) -> None:
         for kind in [k for k in self.active if k in kinds]:

@@ -207,13 +207,14 @@ class _FakeBaselines:
 
 
 def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bool = False, wrong_from: int | None = None,
-           cached: dict | None = None, servers: dict | None = None, reference_ms: float | None = None, **ms):
+           cached: dict | None = None, servers: dict | None = None, reference_ms: float | None = None, device: str = "cpu",
+           **ms):
     """A candidate's timing as its child drives it (10 warm-up, 30 repeats, blocks of 10, cap 90),
     each round claiming about `cand_ms`; from round `wrong_from` on, outputs unlike the reference's."""
     cfg = RewardConfig(device="cpu", timing_block=10, compile_baseline=compile_baseline)
     plan = TimingPlan.draw(10, 30, 1e-2, 1e-2, extra=60, min_timed=min_timed)
     ref_fps = {j: {"fp": [[float(j), 0.0]], "scale": [1e-3]} for j in range(len(plan.seeds))}
-    pacer = Pacer(_FakeBaselines(cached, servers, **ms), cfg, "cpu", str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
+    pacer = Pacer(_FakeBaselines(cached, servers, **ms), cfg, device, str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
                   reference=(ref_fps, {j: "k" for j in ref_fps}), reference_ms=reference_ms)
     s = RoundSession(plan, pacer=pacer)
     rng = random.Random(7)
@@ -322,3 +323,12 @@ def test_baselines_timed_on_a_busy_device_cannot_show_a_speed_up(tmp_path):
             assert pacer.probe_ms == {"host": [0.05, 2.1], "device": [0.03, 0.07]}
             if want < 2:
                 assert "busy device" in d["note"], d
+
+
+def test_on_cuda_the_device_is_probed_idle_before_the_first_timed_round(tmp_path):
+    """A block of no calls (the baseline child's quiet wait alone) before round 0 on CUDA: what
+    another child left running is not timed into this candidate's rounds. Not on the CPU backend."""
+    for device, first in (("cuda", [0, 10, 10]), ("cpu", [10, 10])):
+        s, pacer = _paced(tmp_path, 0.5, 10, eager=1.0, device=device)
+        assert pacer.baselines.servers["eager"].blocks[:len(first)] == first, (device, pacer.baselines.servers["eager"].blocks)
+        assert pacer.decision(s)["reward"] == 2
