@@ -498,7 +498,12 @@ class Worker:
         if not any(k != "timing" for k, _, _ in self.sections):  # rejected before timing
             self.sections.insert(0, ["compile" if self._compiling else "checks", started, time.time()])
         t_clean = time.time()
-        reply["recycle"] = reply["reason"] in RECYCLE_REASONS or not self._healthy()
+        # On CPU the memory limit is RLIMIT_AS, and a request that ran out of it leaves its heap mapped
+        # (glibc keeps freed chunks in its arenas): the next one would start with less room than the
+        # limit promises and could fail where a fresh worker does not (CI saw a 23 MB allocation fail
+        # there, after an oom). A fresh worker then.
+        oom_heap = reply["reason"] == "oom" and self.device != "cuda"
+        reply["recycle"] = reply["reason"] in RECYCLE_REASONS or oom_heap or not self._healthy()
         if self._compiling and not self._frozen_after_compile:
             self._frozen_after_compile = True
             _freeze_survivors()
