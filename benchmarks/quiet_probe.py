@@ -116,7 +116,8 @@ def main() -> None:
     res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                  "thresholds": {"host_floor_ms": timing.QUIET_FLOOR_MS, "host_factor": timing.QUIET_FACTOR,
                                 "host_ceiling_ms": timing.QUIET_CEILING_MS, "device_factor": timing.QUIET_DEVICE_FACTOR,
-                                "probe_elements": timing.PROBE_ELEMENTS}, "stages": {}}
+                                "probe_elements": timing.PROBE_ELEMENTS, "spacer_cycles": timing.PROBE_SPACER_CYCLES,
+                                "spacer": q.spin is not None}, "stages": {}}
     out = Path(args.out)
 
     def save():

@@ -263,6 +263,10 @@ QUIET_DEVICE_FACTOR = 1.5  # device: the kernel's stretch within 1.5x its fastes
 QUIET_DEVICE_SLACK_MS = 0.005
 QUIET_CAP_MS = 3000.0  # the longest one candidate's blocks wait in all; after it a block is timed anyway and said to be disturbed
 PROBE_ELEMENTS = 1 << 22  # the probe kernel's float32 elements (16 MiB written: tens of microseconds on an H200)
+# Queued first, a spin of about 50 us (`torch.cuda._sleep`): the events and the probe kernel then reach
+# the device before it is free, so the host's launch latency (noisy in a sandboxed driver) stays out
+# of the device reading
+PROBE_SPACER_CYCLES = 100_000
 
 
 def quiet_threshold(fastest_ms: float) -> float:
@@ -321,11 +325,14 @@ class QuietDevice:
             self.torch = torch
             self.buf = torch.zeros(PROBE_ELEMENTS, device="cuda")
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.spin = getattr(torch.cuda, "_sleep", None)
 
     def probe(self) -> tuple[float, float]:
-        """(host ms, device ms) of the probe kernel: from its launch to the sync's return, and between
-        its events."""
+        """(host ms, device ms) of the probe kernel: from its launch (behind the spacer) to the sync's
+        return, and between its events."""
         t0 = _perf_counter()
+        if self.spin is not None:
+            self.spin(PROBE_SPACER_CYCLES)
         self.start.record()
         self.buf.add_(1.0)
         self.end.record()
