@@ -517,8 +517,7 @@ class Pacer:
         # its evaluation at most QUIET_CAP_MS, not that much per block
         ms = srv.block(calls, quiet_cap_ms=max(0.0, QUIET_CAP_MS - self.quiet_wait_ms))
         wall = time.perf_counter() - t0
-        self._quiet(srv.last_quiet)
-        waited = float((srv.last_quiet or {}).get("waited_ms") or 0.0) / 1e3
+        waited = self._quiet(srv.last_quiet) / 1e3
         self.calls_s += sum(ms) / 1e3
         self.block_overhead_s += max(0.0, wall - sum(ms) / 1e3 - waited)
         return ms
@@ -544,16 +543,18 @@ class Pacer:
                            f"instead (reward {held})")
         return out
 
-    def _quiet(self, report: dict | None) -> None:
-        """Account for a baseline child's wait for an idle device before a block."""
+    def _quiet(self, report: dict | None) -> float:
+        """Account for a baseline child's wait for an idle device before a block; the ms it waited."""
         if not report:
-            return
-        self.quiet_wait_ms += float(report.get("waited_ms") or 0.0)
+            return 0.0
+        waited = float(report.get("waited_ms") or 0.0)
+        self.quiet_wait_ms += waited
         self.disturbed += 0 if report.get("quiet") else 1
         for key, lo, hi in (("host", "fastest_ms", "slowest_ms"), ("device", "device_fastest_ms", "device_slowest_ms")):
             if report.get(lo) is not None:
                 seen = self.probe_ms.get(key)
                 self.probe_ms[key] = [min(report[lo], seen[0]), max(report[hi], seen[1])] if seen else [report[lo], report[hi]]
+        return waited
 
     def _start_compile(self, session) -> None:
         """The compile child joins: compiled with the device lock and the window released (other

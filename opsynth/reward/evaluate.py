@@ -300,8 +300,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
 def _reference_ms(ref: _Reference) -> float | None:
     """The median of the reference child's timed rounds (the task's Model, the same Timer, before any
     candidate ran): the eager time a decision falls back on when baseline blocks were disturbed."""
-    claims = [ref.rounds.claims[j] for j in ref.rounds.timed() if j in ref.rounds.claims]
-    return statistics.median(claims) if claims else None
+    claims = ref.rounds.decided()  # the reference's own session: its claims as reported
+    return statistics.median(claims.values()) if claims else None
 
 
 def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig, times: dict, details: dict,
@@ -517,10 +517,11 @@ class _Batch:
     t0: float = field(default_factory=time.perf_counter)
     services_at_s: float | None = None
     built_at_s: dict = field(default_factory=dict)  # candidate digest -> when its build child ended
+    ref_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its _Reference
 
     def at(self) -> float:
+        """Seconds since the batch began (its timeline)."""
         return round(time.perf_counter() - self.t0, 3)
-    ref_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its _Reference
 
     @cached_property
     def task_count(self) -> int:

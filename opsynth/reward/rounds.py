@@ -431,12 +431,12 @@ def call_floor(session: RoundSession, reference: RoundSession, rounds) -> tuple[
     same harness code) and CALL_FLOOR_SLACK_MS. A clock shaved by a factor is undone by the scale, one
     shaved by a constant (or claims of 0) by the shift; both are (1, 0) as soon as one of those rounds
     spent no more than the reference beyond its claim, which is what keeps load from demoting anyone."""
-    if call_margin(session, reference, rounds) - CALL_FLOOR_SLACK_MS <= 0:
-        return 1.0, 0.0
     r = reference_call_overhead(reference)
     claims = session.claims
     floors = {j: session.call_wall[j] - r - CALL_FLOOR_SLACK_MS for j in lower_half(claims, session.call_wall, rounds)}
-    shift = min(f - claims[j] for j, f in floors.items())
+    shift = min((f - claims[j] for j, f in floors.items()), default=0.0)  # call_margin less the slack
+    if shift <= 0:
+        return 1.0, 0.0
     scale = min((f / claims[j] for j, f in floors.items() if claims[j] > 0), default=1.0)
     return max(1.0, scale), shift
 
