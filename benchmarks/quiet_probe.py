@@ -30,6 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
 HOG = r"""
 import sys, time, torch
 cycles, seconds = int(sys.argv[1]), float(sys.argv[2])

@@ -139,6 +139,10 @@ class BaselineServer:
 
         return started
 
+    def is_ready(self) -> bool:
+        """Ready to time now (for compile: compiled), without waiting."""
+        return self._ready.is_set() and (self.error is None or bool(self.info))
+
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until the child is ready to time (for compile: compiled); raises BaselineFailed."""
         timeout = timeout if timeout is not None else self.cfg.reference_timeout_s
@@ -296,6 +300,7 @@ class Pacer:
         self.locked = False
         self.closed = False
         self.blocks_s = 0.0  # wall time of the baseline blocks (inside the candidate's locked window)
+        self.settle_s = 0.0  # the probe for an idle device before the first timed round, the candidate stopped
         self.window_s = 0.0  # opening the quiet window (builds and idle baseline children stopped), inside it too
         self.compile_wait_s = 0.0  # waiting for the compile child (lock released meanwhile)
         self.intervals_s = 0.0  # computing the ratio intervals (bootstrap) at each look, inside the window too
@@ -392,7 +397,9 @@ class Pacer:
             t0 = time.perf_counter()
             self._window.enter_context(_quiet_window())
             self.window_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
             self._settle_device()
+            self.settle_s += time.perf_counter() - t0
         if j < self.warmup:
             return None
         if j == self.next_boundary or self.pending:
@@ -557,12 +564,29 @@ class Pacer:
         return waited
 
     def _start_compile(self, session) -> None:
-        """The compile child joins: compiled with the device lock and the window released (other
-        timings go on), the candidate stopped meanwhile; its first block comes before the candidate's next."""
+        """The compile child joins; its first block comes before the candidate's next. Not compiled yet:
+        waited for with the device lock and the window released (other timings go on), the candidate
+        stopped meanwhile."""
         from opsynth.reward import quiet
 
         srv = self.baselines.server("compile")
         t0 = time.perf_counter()
+        if srv.is_ready():
+            # Compiled already (started with the batch, or by an earlier candidate): the lock is kept.
+            # Letting it go for nothing queued this candidate behind every other one waiting for the
+            # device: 3-7 s of its timing section on the H200 with 8 in flight (2026-12-04b).
+            self.compile_wait_s += time.perf_counter() - t0
+        else:
+            self._release_for_compile(quiet, srv, t0)
+        if self.failed:
+            return
+        self.active.append("compile")
+        self.since["compile"] = session.main_end
+        self.pending.add("compile")
+        self.next_boundary = session.main_end + self.block_calls
+
+    def _release_for_compile(self, quiet, srv, t0: float) -> None:
+        """Wait for the compile child with the device lock and the window released, the candidate stopped."""
         with quiet.paused(self.pid):
             self._window.close()
             self._lock.close()
@@ -577,12 +601,6 @@ class Pacer:
                 self.compile_wait_s += time.perf_counter() - t0
                 self._take_lock()
                 self._window.enter_context(_quiet_window())
-        if self.failed:
-            return
-        self.active.append("compile")
-        self.since["compile"] = session.main_end
-        self.pending.add("compile")
-        self.next_boundary = session.main_end + self.block_calls
 
     def correct_so_far(self, session) -> bool:
         """Every round reported so far matches the reference's fingerprints for its inputs (the

@@ -267,12 +267,13 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["build_s"] = res.data.get("build_s")
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
     times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)
-    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
+    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
               "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s"):  # parts of rounds_s (the child's clock)
         if res.data.get(k) is not None:
             times[k] = res.data[k]
     times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
     times["quiet_window_s"] = round(pacer.window_s, 3)  # part of rounds_s: stopping builds and idle baseline children
+    times["settle_device_s"] = round(pacer.settle_s, 3)  # part of rounds_s: the idle probe before the first timed round
     times["intervals_s"] = round(pacer.intervals_s, 3)  # part of rounds_s: the ratio intervals (bootstrap) it looked at
     # parts of baseline_blocks_s: the baseline's timed calls, the blocks' other work, stopping the candidate
     times["baseline_calls_s"], times["baseline_block_overhead_s"] = round(pacer.calls_s, 3), round(pacer.block_overhead_s, 3)
@@ -386,6 +387,17 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     # What a round costs the device, the gap to the next one included; the rounds run, by pass
     periods, ref_periods = rounds.periods(), ref.rounds.periods()
     times["round_period_ms"] = round(statistics.median(periods), 3) if periods else None
+    # The same periods summed, their longest, and the parent's own stretches before each round (the
+    # pacer's blocks, settling and quiet window): with them the child's `rounds_run_s` adds up
+    times["round_periods_s"] = round(sum(periods) / 1e3, 4) if periods else None
+    times["round_period_max_ms"] = round(max(periods), 3) if periods else None
+    times["round_period_max_at"] = max((j for j in rounds.started if j + 1 in rounds.asked),
+                                       key=lambda j: rounds.asked[j + 1] - rounds.started[j], default=None)
+    # The first round's stretches (it is the longest: 30-40 ms against 9 ms on CPU; ~150 ms on the H200,
+    # 2026-12-04b): inputs made, the call on the parent's clock, checks and fingerprints after it
+    times["first_round_ms"] = {k: round(d[0], 3) for k, d in (("before", rounds.before), ("call", rounds.call_wall),
+                                                                ("after", rounds.after)) if 0 in d} or None
+    times["pacer_before_rounds_s"] = round(sum(rounds.started[j] - rounds.asked[j] for j in rounds.started if j in rounds.asked), 4)
     times["reference_round_period_ms"] = round(statistics.median(ref_periods), 3) if ref_periods else None
     times["reference_rounds_s"] = ref.rounds_s  # the task's reference child, once per task and batch
     times["reference_untimed_rounds_s"] = ref.untimed_rounds_s

@@ -182,13 +182,20 @@ def quiet_results(tmp_path_factory):
 
 
 def test_a_stopped_candidates_queued_kernel_does_not_slow_its_baseline(quiet_results):
+    """What must hold on any GPU: the honest twin's blocks read quiet and keep its reward, and the
+    attack's baseline does not read slow with the guard on. The control (guard off) is printed, not
+    asserted: on the H200 (2026-12-04b) the attack did not pay without the guard either (eager
+    0.855 ms beside it, 0.893 ms for the twin). There another context's kernels time-slice the device
+    (the probe's host reading 2.43 ms beside a 10 ms kernel, 0.075 ms idle) but do not stretch an
+    event-timed kernel (0.94x idle; `benchmarks/quiet_probe.py`), and baselines are timed with
+    events. The CPU test with fake servers shows the attack paying when the guard is off
+    (`test_baselines_timed_on_a_busy_device_cannot_show_a_speed_up`)."""
     honest = quiet_results[((), "baseline_hog_honest")]
     hog = quiet_results[((), "baseline_hog")]
     control = quiet_results[(("quiet_device",), "baseline_hog")]
     assert honest.reason == "ok" and honest.reward == 1 and honest.times["baseline_disturbed_blocks"] == 0, honest.times
-    # the control: the attack pays (the baseline read slow beside the kernel)
-    assert control.reason == "ok" and control.reward > honest.reward, (control.times, control.log[-2000:])
-    assert control.times["eager_ms"] > 1.3 * honest.times["eager_ms"], (control.times, honest.times)
-    # the guard: no block of the attack's read quiet, and no speed-up was counted
+    print(f"control (quiet_device off): reward {control.reward} {control.reason}, eager {control.times.get('eager_ms')} ms "
+          f"against the twin's {honest.times['eager_ms']} ms")
+    # the guard: no speed-up counted, and the baseline timed beside the attack reads as the twin's did
     assert hog.reason == "ok" and hog.reward <= honest.reward, (hog.times, hog.details.get("decision"))
-    assert hog.times["baseline_disturbed_blocks"] > 0, hog.times
+    assert hog.times["eager_ms"] < 1.2 * honest.times["eager_ms"], (hog.times, honest.times)
