@@ -84,8 +84,13 @@ class _FakeServer:
         self.ms, self.rng, self.pid, self.warmed, self.blocks = ms, random.Random(seed), None, False, []
         self.last_quiet = None  # the CPU backend: no wait for an idle device
 
+    ready = True  # compiled already (a prestarted or pooled compile child)
+
+    def is_ready(self):
+        return self.ready
+
     def wait_ready(self, timeout=None):
-        pass
+        self.ready = True
 
     def block(self, n: int, quiet_cap_ms: float | None = None) -> list[float]:
         self.blocks.append(n)
@@ -154,6 +159,20 @@ def test_compile_joins_once_eager_is_beaten_and_decides_reward_3(tmp_path):
     s, pacer, _ = _session(tmp_path, 0.48, compile_baseline=True, eager=1.0, compile=0.5)
     d = pacer.decision(s)
     assert d["reward"] == 2 and d["undecided"] == ["compile x0.95"] and pacer.capped
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_compiled_baseline_joins_without_letting_the_device_go(tmp_path, monkeypatch, compiled):
+    """Letting the lock go to wait for a compile child that is ready already queued the candidate
+    behind every other one waiting for the device (3-7 s on the H200). Not compiled yet, the lock is
+    let go while it compiles (the control: the same session takes the lock twice)."""
+    takes = []
+    real = Pacer._take_lock
+    monkeypatch.setattr(Pacer, "_take_lock", lambda self: (takes.append(1), real(self))[1])
+    monkeypatch.setattr(_FakeServer, "ready", compiled)
+    s, pacer, bl = _session(tmp_path, 0.3, compile_baseline=True, eager=1.0, compile=0.5)
+    assert pacer.decision(s)["reward"] == 3 and "compile" in pacer.active
+    assert len(takes) == (1 if compiled else 2), takes
 
 
 def test_rounds_outside_the_timing_lock_are_refused(tmp_path):

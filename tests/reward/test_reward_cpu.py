@@ -124,6 +124,12 @@ def test_the_timing_window_is_broken_down_where_the_throughput_benchmark_reads_i
     assert sum(t[k] for k in parts) <= t["rounds_s"] + 0.01, t
     assert 0 < t["intervals_s"] <= t["rounds_s"] + t.get("compile_wait_s", 0), t
     assert t["host_ms"] == t["reference_host_ms"] == 0.0, t  # the CPU backend: the claim is the host's clock
+    # the rounds' periods (a period across a pass's end holds the child's wait at `timing_done`) and
+    # the parent's stretches before them add up to no more than the child's rounds and those waits
+    assert 0 < t["round_periods_s"] + t["pacer_before_rounds_s"] <= t["rounds_run_s"] + t["timing_done_s"] + 0.01, t
+    assert t["round_period_max_ms"] >= t["round_period_ms"] and t["round_period_max_at"] >= 0, t
+    # the harness's first-time costs are paid before the lock, and round 0 is reported on its own
+    assert t["harness_warm_s"] > 0 and set(t["first_round_ms"]) == {"before", "call", "after"}, t
 
 
 @pytest.mark.slow
