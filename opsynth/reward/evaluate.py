@@ -393,8 +393,9 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     times["round_period_max_ms"] = round(max(periods), 3) if periods else None
     times["round_period_max_at"] = max((j for j in rounds.started if j + 1 in rounds.asked),
                                        key=lambda j: rounds.asked[j + 1] - rounds.started[j], default=None)
-    # The first round's stretches (it is the longest: 30-40 ms against 9 ms on CPU; ~150 ms on the H200,
-    # 2026-12-04b): inputs made, the call on the parent's clock, checks and fingerprints after it
+    # The first round's stretches: inputs made, the call on the parent's clock, checks and fingerprints
+    # after it (it was the longest, ~150 ms on the H200 against 2.5 ms, until the harness's first-time
+    # costs moved before the lock: `candidate_runner._warm_harness`)
     times["first_round_ms"] = {k: round(d[0], 3) for k, d in (("before", rounds.before), ("call", rounds.call_wall),
                                                                 ("after", rounds.after)) if 0 in d} or None
     times["pacer_before_rounds_s"] = round(sum(rounds.started[j] - rounds.asked[j] for j in rounds.started if j in rounds.asked), 4)
