@@ -7,6 +7,8 @@
 #    (about 2 minutes; 2026-12-03: warm 52.6 s with the build at 21.2 s: where do the other 22 s go?);
 # 2. benchmarks/reward_throughput.py with the hardened sandbox (about 6.5 minutes): distinct, GRPO-shaped
 #    and cold first, with which headers the builds took.
+# The number of measuring children in flight, measured (issue 28): THROUGHPUT_ARGS="--skip-distinct
+# --group-sweep 12,16" times the GRPO-shaped phase at the default 8, then at 12 and 16 (fresh bodies each).
 # Results in $OUT: cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -16,6 +18,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
 timeout ${CLI_S:-150} python3 benchmarks/cli_eval_kb.py --settings true --timeout 120 --out "$OUT/cli_eval_kb_h200.json" > "$OUT/cli_eval_kb.log" 2>&1
 echo "cli_eval_kb rc=$?"; tail -5 "$OUT/cli_eval_kb.log"
-timeout ${RUN_S:-390} python3 benchmarks/reward_throughput.py --baseline-count 2 --isolation auto \
+timeout ${RUN_S:-390} python3 benchmarks/reward_throughput.py --baseline-count 2 --isolation auto ${THROUGHPUT_ARGS:-} \
   --out "$OUT/reward_throughput_auto.json" > "$OUT/reward_throughput_auto.log" 2>&1
 echo "throughput rc=$?"; tail -7 "$OUT/reward_throughput_auto.log"

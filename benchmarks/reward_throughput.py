@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import platform
@@ -369,7 +370,7 @@ PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_i
 
 
 def _median(values) -> float | None:
-    vals = [v for v in values if v is not None]
+    vals = [v for v in values if isinstance(v, (int, float))]  # numbers only (first_round_ms is a dict)
     return round(statistics.median_high(vals), 2) if vals else None
 
 
@@ -401,6 +402,9 @@ def main() -> None:
     ap.add_argument("--baseline-count", type=int, default=3, help="candidates evaluated one at a time")
     ap.add_argument("--build-workers", type=int, default=None, help="default: RewardConfig's (cpu_count on cuda)")
     ap.add_argument("--measure-workers", type=int, default=None)
+    ap.add_argument("--group-sweep", default="", help="after the GRPO-shaped phase, the same shape again (fresh kernel "
+                    "bodies) with each of these measure-worker counts, e.g. 12,16: the number in flight, measured")
+    ap.add_argument("--skip-distinct", action="store_true", help="skip the one-at-a-time and distinct phases (a sweep's call)")
     ap.add_argument("--no-shared-pch", action="store_true", help="build without the shared precompiled torch/extension.h")
     ap.add_argument("--ccache", default="auto", help="reward.ccache: auto, false, or a path")
     ap.add_argument("--isolation", default="auto", help="reward.isolation: auto, namespaces, none")
@@ -477,8 +481,10 @@ def main() -> None:
     out["warmup_s"] = round(time.perf_counter() - t0, 1)
     save()
 
-    def phase(name: str, pairs: list, one_at_a_time: bool = False) -> dict:
+    def phase(name: str, pairs: list, one_at_a_time: bool = False, pcfg=None) -> dict:
+        pcfg = pcfg or cfg
         rec = out["phases"].setdefault(name, {})
+        rec["measure_workers"] = pcfg.resolved_measure_workers(device)
         before, ext_before = ccache_stats(svc.ccache, svc.cache_dir), svc.stats.as_dict()
         t0 = time.perf_counter()
         done: list = []
@@ -496,10 +502,10 @@ def main() -> None:
         if one_at_a_time:
             results = []
             for i, (src, cand) in enumerate(pairs):
-                results.append(evaluate(src, cand, cfg))
+                results.append(evaluate(src, cand, pcfg))
                 progress(i, results[-1])
         else:
-            results = evaluate_many(pairs, cfg, on_result=progress)
+            results = evaluate_many(pairs, pcfg, on_result=progress)
         wall = time.perf_counter() - t0
         ext_after = svc.stats.as_dict()
         rec.update(count=len(results), seconds=round(wall, 1), evals_per_min=_rate(len(results), wall), rewards=_summary(results),
@@ -516,29 +522,39 @@ def main() -> None:
         save()
         return rec
 
-    # 2. One at a time (distinct candidates), the old way to use the environment.
-    base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 50_000, style)
-    out["baseline_evals_per_min"] = phase("one_at_a_time", [(s, c) for _, s, c in base_pairs], one_at_a_time=True)["evals_per_min"]
-    # 3. Distinct candidates, overlapped.
-    dist_pairs, _ = make_pairs(device, tasks, args.count, run_salt + 100_000, style)
-    rec = phase("distinct", [(s, c) for _, s, c in dist_pairs])
-    out["evals_per_min"] = rec["evals_per_min"]
+    if not args.skip_distinct:
+        # 2. One at a time (distinct candidates), the old way to use the environment.
+        base_pairs, _ = make_pairs(device, tasks, args.baseline_count, run_salt + 50_000, style)
+        out["baseline_evals_per_min"] = phase("one_at_a_time", [(s, c) for _, s, c in base_pairs], one_at_a_time=True)["evals_per_min"]
+        # 3. Distinct candidates, overlapped.
+        dist_pairs, _ = make_pairs(device, tasks, args.count, run_salt + 100_000, style)
+        rec = phase("distinct", [(s, c) for _, s, c in dist_pairs])
+        out["evals_per_min"] = rec["evals_per_min"]
+
     # 4. GRPO-shaped: group_size completions per task that differ only in their kernel bodies.
-    grp = [(task_srcs[t], group_source(t, m, device)) for t in tasks for m in range(args.group_size)] if device == "cuda" else \
-          [(task_srcs[t], c) for t in tasks for _, _, c in make_pairs(device, [t], args.group_size, run_salt + 200_000, style)[0]]
-    out["group_evals_per_min"] = phase("group", grp)["evals_per_min"]
-    tu_h = sum(out["phases"][p]["tu_hits"] for p in ("distinct", "group"))
-    tu_n = sum(out["phases"][p]["tu_compiles"] for p in ("distinct", "group"))
+    def group_pairs(first: int, salt: int) -> list:
+        if device == "cuda":
+            return [(task_srcs[t], group_source(t, first + m, device)) for t in tasks for m in range(args.group_size)]
+        return [(task_srcs[t], c) for t in tasks for _, _, c in make_pairs(device, [t], args.group_size, salt, style)[0]]
+
+    out["group_evals_per_min"] = phase("group", group_pairs(0, run_salt + 200_000))["evals_per_min"]
+    # 5. The same shape with other numbers of children in flight (fresh bodies: each group builds its own)
+    for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):
+        phase(f"group_w{n}", group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
+    names = [p for p in ("distinct", "group") if p in out["phases"]]
+    tu_h = sum(out["phases"][p]["tu_hits"] for p in names)
+    tu_n = sum(out["phases"][p]["tu_compiles"] for p in names)
     out["cache_hit_rate"] = round(tu_h / tu_n, 3) if tu_n else None  # translation units served by ccache
     out["ccache"] = ccache_stats(svc.ccache, svc.cache_dir)
     out["complete"] = True
     save()
     print()
-    print(f"{'phase':<15}{'evals':>7}{'seconds':>10}{'evals/min':>11}{'TU hits':>9}{'ext hits':>10}"
-          f"{'setup_s':>9}{'locked_s':>10}{'prebuild_wall':>14}{'judge_s':>9}")
+    print(f"{'phase':<15}{'in flight':>10}{'evals':>7}{'seconds':>10}{'evals/min':>11}{'TU hits':>9}{'ext hits':>10}"
+          f"{'setup_s':>9}{'locked_s':>10}{'prebuild_wall':>14}{'judge_s':>9}{'lock wait':>10}")
     for name, rec in out["phases"].items():
-        print(f"{name:<15}{rec['count']:>7}{rec['seconds']:>10}{rec['evals_per_min']:>11}{rec['tu_hits']:>4}/{rec['tu_compiles']:<4}"
-              f"{rec['ext_hits']:>5}/{rec['ext_requests']:<4}{str(rec['median_setup_s']):>9}{str(rec['median_locked_s']):>10}{str(rec['median_prebuild_wall_s']):>14}{str(rec['median_judge_s']):>9}")
+        print(f"{name:<15}{rec['measure_workers']:>10}{rec['count']:>7}{rec['seconds']:>10}{rec['evals_per_min']:>11}{rec['tu_hits']:>4}/{rec['tu_compiles']:<4}"
+              f"{rec['ext_hits']:>5}/{rec['ext_requests']:<4}{str(rec['median_setup_s']):>9}{str(rec['median_locked_s']):>10}{str(rec['median_prebuild_wall_s']):>14}"
+              f"{str(rec['median_judge_s']):>9}{str(rec['median_timing_wait_s']):>10}")
     print(f"cold first evaluation: {out['cold_first_eval_s']} s; cache hit rate (translation units, distinct+group): {out['cache_hit_rate']}")
     print(f"device: {out['device']}; isolation {args.isolation}; build workers {out['build_workers']}, measure workers "
           f"{out['measure_workers']}, ccache {out['ccache_path']}; wrote {args.out}")
