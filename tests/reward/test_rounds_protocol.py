@@ -186,6 +186,9 @@ class _FakeServer:
         self.ms, self.rng, self.pid, self.warmed, self.blocks = ms, random.Random(seed), None, False, []
         self.last_quiet = None  # the CPU backend: no wait for an idle device
 
+    def is_ready(self):
+        return True
+
     def wait_ready(self, timeout=None):
         pass
 
