@@ -125,13 +125,15 @@ def main() -> None:
         print(f"{str(r['light_headers']):<20}{r['phase']:<7}{r['wall_s']:>8}{b if b is not None else '-':>9}"
               f"{r.get('setup_s') or '-':>9}{r.get('locked_s') or '-':>9}{r.get('judge_s') or '-':>9}  {r['reward']} {r['reason']}")
     # Where the CLI's wall goes: its own start (the command's wall less evaluate()'s), then the batch's
-    # timeline (seconds into evaluate(): services up, reference ready, build ended, measurement started, done)
-    print(f"\n{'light_headers':<20}{'phase':<7}{'CLI start':>10}{'services':>9}{'reference':>10}{'built':>7}{'measure':>8}{'done':>7}")
+    # timeline (seconds into evaluate(): services up, reference ready, build asked for, build ended,
+    # measurement started, done; between "build" and "built" less the build child's own wall: the fork server's start)
+    print(f"\n{'light_headers':<20}{'phase':<7}{'CLI start':>10}{'services':>9}{'reference':>10}{'build':>7}{'built':>7}{'measure':>8}{'done':>7}")
     for r in out["runs"]:
         t = r.get("times") or {}
         start = round(r["wall_s"] - t["wall_s"], 2) if t.get("wall_s") is not None else "-"
-        cells = [t.get(k) if t.get(k) is not None else "-" for k in ("services_at_s", "reference_at_s", "built_at_s", "measure_at_s", "done_at_s")]
-        print(f"{str(r['light_headers']):<20}{r['phase']:<7}{start:>10}{cells[0]:>9}{cells[1]:>10}{cells[2]:>7}{cells[3]:>8}{cells[4]:>7}")
+        cells = [t.get(k) if t.get(k) is not None else "-"
+                 for k in ("services_at_s", "reference_at_s", "build_at_s", "built_at_s", "measure_at_s", "done_at_s")]
+        print(f"{str(r['light_headers']):<20}{r['phase']:<7}{start:>10}{cells[0]:>9}{cells[1]:>10}{cells[2]:>7}{cells[3]:>7}{cells[4]:>8}{cells[5]:>7}")
     print(f"wrote {args.out}")
 
 

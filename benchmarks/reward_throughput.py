@@ -359,7 +359,7 @@ def _summary(res) -> dict:
 PHASES = ("prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "locked_s", "trials_s", "profiled_s", "harness_warm_s",
           "timing_wait_s", "rounds_s", "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s", "intervals_s",
           "baseline_blocks_s", "baseline_calls_s", "baseline_block_overhead_s", "candidate_stop_s",
-          "quiet_window_s", "compile_wait_s", "measure_wall_s", "judge_s",
+          "quiet_window_s", "compile_wait_s", "measure_wall_s", "save_outputs_s", "judge_s", "judge_read_s", "judge_compare_s", "outputs_mb",
           "round_overhead_ms", "call_overhead_ms", "round_period_ms", "round_periods_s", "round_period_max_ms", "round_period_max_at", "first_round_ms", "pacer_before_rounds_s", "settle_device_s", "reference_rounds_s", "reference_untimed_rounds_s",
           "reference_round_overhead_ms", "reference_round_period_ms", "host_ms", "reference_host_ms",
           "call_margin_ms", "call_floor_scale",  # the claims' floor: honest margins calibrate its slack
@@ -462,7 +462,11 @@ def main() -> None:
     cold = evaluate(pairs[0][1], pairs[0][2], cfg, progress=say)
     out["cold_first_eval_s"] = round(time.perf_counter() - t0, 1)
     out["cold_first_eval"] = {"reward": cold.reward, "reason": cold.reason, "times": cold.times}
-    print(f"[cold] first evaluation {out['cold_first_eval_s']} s: {cold.reward} {cold.reason}", flush=True)
+    print(f"[cold] first evaluation {out['cold_first_eval_s']} s: {cold.reward} {cold.reason}; timeline (s): "
+          + " ".join(f"{k[:-5]} {cold.times.get(k)}" for k in ("services_at_s", "reference_at_s", "build_at_s", "built_at_s",
+                                                                 "measure_at_s", "done_at_s"))
+          + f"; build child {cold.times.get('prebuild_wall_s')} s, measuring child {cold.times.get('measure_wall_s')} s, "
+          f"judge {cold.times.get('judge_s')} s", flush=True)
     save()
 
     # Warm-up, as in steady-state training: the other tasks' baselines (cached) and the shared PCH

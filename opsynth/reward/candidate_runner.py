@@ -643,7 +643,9 @@ def measure(job) -> dict:
             info["timed_calls"] = timed_calls
             print(f"[candidate] setup {t_setup:.2f} s, checks {info['trials_s'] + info['profiled_s']:.2f} s, "
                   f"timing {info['locked_s']:.2f} s", flush=True)
+        t_save = time.perf_counter()
         ctx.save({"trials": trial_outs, "second": second_outs, "rounds_kept": kept, "trial_reused": ctx.reused[:len(trial_outs)]}, job["outputs_path"])
+        info["save_outputs_s"] = round(time.perf_counter() - t_save, 3)  # diagnostics: the outputs file the parent judges
         return {"reason": "ok", "kernels": kernels[:20], "kernel_times": kernel_times[:10], "ext_calls": tracker.calls, "builds": tracker.builds, **info}
     except Reject as r:
         print(f"[candidate] rejected: {r.reason}: {r.detail}", flush=True)

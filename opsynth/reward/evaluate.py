@@ -27,6 +27,7 @@ share under its own device lock, and with `remote_builds` the builds go to any w
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import statistics
@@ -268,7 +269,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
     times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)
     for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
-              "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s"):  # parts of rounds_s (the child's clock)
+              "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s",  # parts of rounds_s (the child's clock)
+              "save_outputs_s"):  # writing the outputs file, after the lock
         if res.data.get(k) is not None:
             times[k] = res.data[k]
     times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
@@ -315,6 +317,7 @@ def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig
 
     tcfg = ref.cfg or cfg  # the task's tolerance
     details["settings"] = tcfg.quoted_settings()
+    t0 = time.perf_counter()
     if "outputs_file" in off:  # the control only: a plain load, which a FIFO at the path hangs
         import torch
 
@@ -324,7 +327,11 @@ def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig
             cand = read_outputs(outputs_path, size_cap(ref.outputs))
         except OutputsFileError as e:
             return "outputs_unreadable", f"the candidate's outputs file: {e}"
+    # Where judging goes (diagnostics): reading the file, then comparing with the reference's outputs
+    t1 = time.perf_counter()
+    times["judge_read_s"], times["outputs_mb"] = round(t1 - t0, 3), round(os.lstat(outputs_path).st_size / 2**20, 1)
     verdict, detail = judge_outputs(ref.outputs, cand, tcfg, ref.facts)
+    times["judge_compare_s"] = round(time.perf_counter() - t1, 3)
     if verdict == "ok":
         verdict, detail = _judge_timing(ref, rounds, cand, tcfg, times, details, off)
     if verdict == "ok" and pacer.failed:
@@ -529,6 +536,7 @@ class _Batch:
     # its task's reference, its build, its measurement), reported in each result's times
     t0: float = field(default_factory=time.perf_counter)
     services_at_s: float | None = None
+    build_at_s: dict = field(default_factory=dict)  # candidate digest -> when its build child was asked for
     built_at_s: dict = field(default_factory=dict)  # candidate digest -> when its build child ended
     ref_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its _Reference
 
@@ -584,6 +592,7 @@ def _build_distinct(batch: _Batch, digest):
 
         return digest, ChildResult("ok")
     batch.say(f"[reward] candidate {i}: running its module top level (builds its extensions)")
+    batch.build_at_s[digest] = batch.at()  # before the child: a cold fork server's start-up lies between
     try:
         return digest, _build(batch.specs[i], batch.cfg, batch.device, batch.scratches[i])
     finally:
@@ -629,6 +638,7 @@ def _measure_one(batch: _Batch, j, bres):
     # The timeline (seconds into the batch): services up, its reference ready, its build ended, its
     # measuring child started (after both), its result known (the judging included)
     res.times.update(services_at_s=batch.services_at_s, reference_at_s=ref.done_at_s,
+                     build_at_s=batch.build_at_s.get(batch.specs[j].digest()),
                      built_at_s=batch.built_at_s.get(batch.specs[j].digest()), measure_at_s=measure_at, done_at_s=batch.at())
     if bres.data and bres.data.get("build_s") is not None:
         res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # the module top level, builds included
