@@ -329,7 +329,11 @@ def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig
             return "outputs_unreadable", f"the candidate's outputs file: {e}"
     # Where judging goes (diagnostics): reading the file, then comparing with the reference's outputs
     t1 = time.perf_counter()
-    times["judge_read_s"], times["outputs_mb"] = round(t1 - t0, 3), round(os.lstat(outputs_path).st_size / 2**20, 1)
+    times["judge_read_s"] = round(t1 - t0, 3)
+    try:
+        times["outputs_mb"] = round(os.lstat(outputs_path).st_size / 2**20, 1)  # lstat: follows no link, opens nothing
+    except OSError:
+        times["outputs_mb"] = None
     verdict, detail = judge_outputs(ref.outputs, cand, tcfg, ref.facts)
     times["judge_compare_s"] = round(time.perf_counter() - t1, 3)
     if verdict == "ok":
