@@ -402,8 +402,8 @@ def _judge_timing(ref: _Reference, rounds, cand: dict, cfg: RewardConfig, times:
     # pacer's blocks, settling and quiet window): with them the child's `rounds_run_s` adds up
     times["round_periods_s"] = round(sum(periods) / 1e3, 4) if periods else None
     times["round_period_max_ms"] = round(max(periods), 3) if periods else None
-    times["round_period_max_at"] = max((j for j in rounds.started if j + 1 in rounds.asked),
-                                       key=lambda j: rounds.asked[j + 1] - rounds.started[j], default=None)
+    by_round = rounds.periods_by_round()
+    times["round_period_max_at"] = max(by_round, key=by_round.get, default=None)
     # The first round's stretches: inputs made, the call on the parent's clock, checks and fingerprints
     # after it (it was the longest, ~150 ms on the H200 against 2.5 ms, until the harness's first-time
     # costs moved before the lock: `candidate_runner._warm_harness`)

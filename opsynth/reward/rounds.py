@@ -339,7 +339,11 @@ class RoundSession:
     def periods(self) -> list[float]:
         """Per round, the parent's ms from its seed request (after any baseline block) to the next
         round's seed request: everything a round costs the device, the gap between rounds included."""
-        return [(self.asked[j + 1] - self.started[j]) * 1e3 for j in sorted(self.started) if j + 1 in self.asked]
+        return list(self.periods_by_round().values())
+
+    def periods_by_round(self) -> dict:
+        """{round: its period in ms} (see `periods`)."""
+        return {j: (self.asked[j + 1] - self.started[j]) * 1e3 for j in sorted(self.started) if j + 1 in self.asked}
 
     def passes(self) -> dict:
         """Rounds run, by pass: warm-up, main (timed), added by the pacer, re-measure."""
