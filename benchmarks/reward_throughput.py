@@ -465,8 +465,9 @@ def main() -> None:
     print(f"[cold] first evaluation {out['cold_first_eval_s']} s: {cold.reward} {cold.reason}; timeline (s): "
           + " ".join(f"{k[:-5]} {cold.times.get(k)}" for k in ("services_at_s", "reference_at_s", "build_at_s", "built_at_s",
                                                                  "measure_at_s", "done_at_s"))
-          + f"; build child {cold.times.get('prebuild_wall_s')} s, measuring child {cold.times.get('measure_wall_s')} s, "
-          f"judge {cold.times.get('judge_s')} s", flush=True)
+          + f"; build child {cold.times.get('prebuild_wall_s')} s (its fork server's start before it "
+          f"{cold.times.get('prebuild_server_wait_s')} s), measuring child {cold.times.get('measure_wall_s')} s, "
+          f"judge {cold.times.get('judge_s')} s; builds {(cold.details or {}).get('builds')}", flush=True)
     save()
 
     # Warm-up, as in steady-state training: the other tasks' baselines (cached) and the shared PCH

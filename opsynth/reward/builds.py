@@ -429,6 +429,7 @@ class BuildService:
                                 writable=writable, env_extra=self.env, shared_ids=True,
                                 readable=[d for d in (pch_dir, light_dir) if d], on_start=on_start)
             wall = time.perf_counter() - t0
+            paused = {"paused_s": on_start.paused_s, "server_wait_s": res.server_wait_s}  # where a cold build's wall goes
             with self.stats.lock:
                 self.stats.builds += 1
                 self.stats.build_s += wall
@@ -436,7 +437,7 @@ class BuildService:
                 with self.stats.lock:
                     self.stats.build_errors += 1
                 detail = res.data.get("detail") or res.log
-                return {"ok": False, "error": f"{res.reason}: {detail}"[-6000:], "build_s": round(wall, 3)}
+                return {"ok": False, "error": f"{res.reason}: {detail}"[-6000:], "build_s": round(wall, 3), **paused}
             so = Path(res.data["so"])
             if not so.is_file() or not so.resolve().is_relative_to(scratch.resolve()):
                 return {"ok": False, "error": "the build child reported a library outside its folder"}
@@ -448,7 +449,8 @@ class BuildService:
                 self.stats.lean_cuda += headers == "lean_cuda"
                 self.stats.lean_fallbacks += res.data.get("lean_attempt_s") is not None and headers != "lean_cuda"
                 self.stats.light_fallbacks += headers == "as_written_after_light_failed"
-            return {"ok": True, "dir": str(final), "name": name, "cached": False, "build_s": round(wall, 3), "headers": headers}
+            return {"ok": True, "dir": str(final), "name": name, "cached": False, "build_s": round(wall, 3), "headers": headers,
+                    "compile_s": res.data.get("build_s"), **paused}
         finally:
             if not getattr(self.cfg, "keep_scratch", False):
                 shutil.rmtree(scratch, ignore_errors=True)

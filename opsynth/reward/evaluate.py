@@ -647,6 +647,7 @@ def _measure_one(batch: _Batch, j, bres):
     if bres.data and bres.data.get("build_s") is not None:
         res.times["prebuild_s"] = round(bres.data["build_s"], 3)  # the module top level, builds included
         res.times["prebuild_wall_s"] = round(bres.wall_s, 3)  # the whole build child, start to exit
+        res.times["prebuild_server_wait_s"] = bres.server_wait_s  # a cold fork server's start, before that child
     if bres.data and bres.data.get("builds"):
         res.details["builds"] = bres.data["builds"]
     return res

@@ -607,7 +607,9 @@ class ExtensionTracker:
             self.build_failed = str(reply.get("error", "build failed"))[-4000:]
             raise RuntimeError(f"Error building extension '{req.get('name')}': {self.build_failed}")
         self.builds.append({"name": req.get("name"), "cached": bool(reply.get("cached")), "build_s": reply.get("build_s"),
-                            "headers": reply.get("headers")})  # lean_cuda, light, ... (opsynth.reward.light_headers)
+                            "headers": reply.get("headers"),  # lean_cuda, light, ... (opsynth.reward.light_headers)
+                            # where a build's wall went: its compilers, quiet windows, its fork server's start
+                            **{k: reply.get(k) for k in ("compile_s", "paused_s", "server_wait_s") if reply.get(k) is not None}})
         return ce._import_module_from_library(reply["name"], reply["dir"], is_python_module)
 
     def install(self) -> None:

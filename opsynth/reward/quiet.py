@@ -15,6 +15,7 @@ Scope: this process's own children. Timings of other processes are kept apart by
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 
 from opsynth.runtime.supervise import continue_pids, stop_tree
@@ -23,6 +24,20 @@ _lock = threading.Lock()
 _procs: dict[int, str] = {}  # pid -> what it is (for reports)
 _stopped: dict[int, list[int]] = {}  # pid -> the pids of its tree that the open window stopped
 _depth = 0  # open windows (several devices of one process may each hold one)
+_since: dict[int, float] = {}  # pid -> when the open window stopped it
+_paused_s: dict[int, float] = {}  # pid -> seconds its tree spent stopped by windows (reported with builds)
+
+
+def _stop(pid: int) -> None:
+    _stopped[pid] = stop_tree(pid)
+    _since.setdefault(pid, time.perf_counter())
+
+
+def _continue(pid: int) -> None:
+    continue_pids(_stopped.pop(pid, []))
+    t = _since.pop(pid, None)
+    if t is not None:
+        _paused_s[pid] = _paused_s.get(pid, 0.0) + time.perf_counter() - t
 
 
 def register(pid: int, what: str = "build") -> None:
@@ -30,13 +45,15 @@ def register(pid: int, what: str = "build") -> None:
     with _lock:
         _procs[pid] = what
         if _depth:
-            _stopped[pid] = stop_tree(pid)
+            _stop(pid)
 
 
-def unregister(pid: int) -> None:
+def unregister(pid: int) -> float:
+    """Stop pausing `pid`; the seconds its tree spent stopped by windows."""
     with _lock:
         _procs.pop(pid, None)
-        continue_pids(_stopped.pop(pid, []))
+        _continue(pid)
+        return round(_paused_s.pop(pid, 0.0), 3)
 
 
 def registered() -> dict[int, str]:
@@ -44,20 +61,26 @@ def registered() -> dict[int, str]:
         return dict(_procs)
 
 
+class _OnStart:
+    """`run_child`'s on_start: registers each child; `paused_s`, once the context has left, is how
+    long windows kept them stopped (a cold build's wall is its compilers' time plus this)."""
+
+    def __init__(self, what: str):
+        self.what, self.pids, self.paused_s = what, [], 0.0
+
+    def __call__(self, pid: int) -> None:
+        self.pids.append(pid)
+        register(pid, self.what)
+
+
 @contextmanager
 def tracked(what: str = "build"):
     """An `on_start` for `run_child` that registers the child, and unregisters it on leaving."""
-    pids: list[int] = []
-
-    def on_start(pid: int) -> None:
-        pids.append(pid)
-        register(pid, what)
-
+    on_start = _OnStart(what)
     try:
         yield on_start
     finally:
-        for p in pids:
-            unregister(p)
+        on_start.paused_s = round(sum(unregister(p) for p in on_start.pids), 3)
 
 
 @contextmanager
@@ -68,7 +91,7 @@ def window():
         _depth += 1
         if _depth == 1:
             for pid in _procs:
-                _stopped[pid] = stop_tree(pid)
+                _stop(pid)
     try:
         yield
     finally:
@@ -76,20 +99,20 @@ def window():
             _depth -= 1
             if _depth == 0:
                 for pid in list(_stopped):
-                    continue_pids(_stopped.pop(pid))
+                    _continue(pid)
 
 
 @contextmanager
 def running(pid: int):
     """Inside a window, let one registered tree run (a baseline child timing its block)."""
     with _lock:
-        continue_pids(_stopped.pop(pid, []))
+        _continue(pid)
     try:
         yield
     finally:
         with _lock:
             if _depth and pid in _procs:
-                _stopped[pid] = stop_tree(pid)
+                _stop(pid)
 
 
 @contextmanager

@@ -47,6 +47,7 @@ class ChildResult:
     data: dict = field(default_factory=dict)
     log: str = ""
     wall_s: float = 0.0
+    server_wait_s: float = 0.0  # before the child: its fork server's start-up, when this call started it
 
 
 def base_env(extra_path: list[str] = ()) -> dict[str, str]:
@@ -224,7 +225,9 @@ def run_child(
 
     isolated = isolation_enabled(getattr(cfg, "isolation", "auto"))
     base = base_env(getattr(cfg, "tool_path", None) or [])
+    t_server = time.perf_counter()
     srv = fork_server(base, tuple(warm))
+    server_wait_s = round(time.perf_counter() - t_server, 3)
     env = job_env(base, scratch, job.get("cpu_threads", getattr(cfg, "cpu_threads", None)), env_extra)
     cache_dir = cfg.resolved_cache_dir()
     ids = None
@@ -267,7 +270,7 @@ def run_child(
         if parent_sock is not None:
             parent_sock.close()
             child_sock.close()
-        return ChildResult("crashed", {}, f"[sandbox] could not start the child: {e}", time.perf_counter() - t0)
+        return ChildResult("crashed", {}, f"[sandbox] could not start the child: {e}", time.perf_counter() - t0, server_wait_s)
     os.close(r_in)
     os.close(log_fd)
     if on_start is not None:
@@ -287,9 +290,9 @@ def run_child(
     wall = time.perf_counter() - t0
     log = log_path.read_text(errors="replace")[-LOG_LIMIT:]
     if timed_out:
-        return ChildResult("timeout", {}, log + f"\n[sandbox] killed after {timeout_s:.0f} s", wall)
+        return ChildResult("timeout", {}, log + f"\n[sandbox] killed after {timeout_s:.0f} s", wall, server_wait_s)
     if rc == 3 and "IsolationError" in log:
-        return ChildResult("isolation_failed", {}, log, wall)
+        return ChildResult("isolation_failed", {}, log, wall, server_wait_s)
     if result_path.exists():
         try:
             data = json.loads(result_path.read_text())
@@ -297,9 +300,9 @@ def run_child(
             data = {"reason": "crashed"}
         if not isinstance(data, dict):
             data = {"reason": "crashed"}
-        return ChildResult(str(data.get("reason", "crashed")), data, log, wall)
+        return ChildResult(str(data.get("reason", "crashed")), data, log, wall, server_wait_s)
     how = f"signal {-rc}" if rc is not None and rc < 0 else f"exit code {rc}"
-    return ChildResult("crashed", {}, log + f"\n[sandbox] child ended with {how} and no verdict", wall)
+    return ChildResult("crashed", {}, log + f"\n[sandbox] child ended with {how} and no verdict", wall, server_wait_s)
 
 
 def _feed(fd: int, data: bytes) -> None:
