@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # the helpers beside the tests (fake_baselines, legacy_timed_inputs)
 
 
 @pytest.fixture(scope="session")

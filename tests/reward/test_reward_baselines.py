@@ -22,6 +22,7 @@ from opsynth.reward import RewardConfig, baseline_cache, evaluate, quiet
 from opsynth.reward.baselines import Pacer, revalidate
 from opsynth.reward.confidence import ABOVE, BELOW, UNCLEAR, decide, open_thresholds, ratio_interval, side
 from opsynth.reward.rounds import RoundSession, TimingPlan
+from fake_baselines import FakeBaselines, FakeServer  # noqa: E402 - tests/reward, on sys.path (conftest)
 
 CANDS = Path(__file__).parent / "candidates"
 PRELUDE = (CANDS / "cpu" / "ext_prelude.py").read_text()
@@ -79,41 +80,10 @@ def test_revalidation_replaces_only_an_entry_outside_the_fresh_noise():
 # ---- the pacer between a candidate's rounds (fake baseline children) ---------------------------------
 
 
-class _FakeServer:
-    def __init__(self, ms: float, seed: int):
-        self.ms, self.rng, self.pid, self.warmed, self.blocks = ms, random.Random(seed), None, False, []
-        self.last_quiet = None  # the CPU backend: no wait for an idle device
-
-    ready = True  # compiled already (a prestarted or pooled compile child)
-
-    def is_ready(self):
-        return self.ready
-
-    def wait_ready(self, timeout=None):
-        self.ready = True
-
-    def block(self, n: int, quiet_cap_ms: float | None = None) -> list[float]:
-        self.blocks.append(n)
-        return [self.ms * self.rng.lognormvariate(0.0, 0.03) for _ in range(n)]
-
-
-class _FakeBaselines:
-    def __init__(self, **ms):
-        self.servers = {k: _FakeServer(v, i) for i, (k, v) in enumerate(ms.items())}
-        self.started: list[str] = []
-
-    def uses_cache(self):
-        return False
-
-    def server(self, kind):
-        self.started.append(kind)
-        return self.servers[kind]
-
-
 def _session(tmp_path, cand_ms: float, compile_baseline: bool = False, **ms):
     cfg = RewardConfig(device="cpu", timing_block=5, compile_baseline=compile_baseline)
     plan = TimingPlan.draw(2, 10, 1e-2, 1e-2, extra=20)
-    bl = _FakeBaselines(**ms)
+    bl = FakeBaselines(**ms)
     pacer = Pacer(bl, cfg, "cpu", str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra)
     s = RoundSession(plan, pacer=pacer)
     rng = random.Random(7)
@@ -169,7 +139,7 @@ def test_a_compiled_baseline_joins_without_letting_the_device_go(tmp_path, monke
     takes = []
     real = Pacer._take_lock
     monkeypatch.setattr(Pacer, "_take_lock", lambda self: (takes.append(1), real(self))[1])
-    monkeypatch.setattr(_FakeServer, "ready", compiled)
+    monkeypatch.setattr(FakeServer, "ready", compiled)
     s, pacer, bl = _session(tmp_path, 0.3, compile_baseline=True, eager=1.0, compile=0.5)
     assert pacer.decision(s)["reward"] == 3 and "compile" in pacer.active
     assert len(takes) == (1 if compiled else 2), takes
@@ -180,9 +150,9 @@ def test_rounds_outside_the_timing_lock_are_refused(tmp_path):
     the lock, or a pass ended after the child let it go, end its timing (`timing_protocol`)."""
     cfg = RewardConfig(device="cpu")
     plan = TimingPlan.draw(1, 4, 1e-2, 1e-2)
-    s = RoundSession(plan, pacer=Pacer(_FakeBaselines(eager=1.0), cfg, "cpu", str(tmp_path / "l"), 1, plan.main))
+    s = RoundSession(plan, pacer=Pacer(FakeBaselines(eager=1.0), cfg, "cpu", str(tmp_path / "l"), 1, plan.main))
     assert not s.handle({"kind": "round_start", "j": 0})["ok"] and "timing lock" in s.error
-    s = RoundSession(plan, pacer=Pacer(_FakeBaselines(eager=1.0), cfg, "cpu", str(tmp_path / "l"), 1, plan.main))
+    s = RoundSession(plan, pacer=Pacer(FakeBaselines(eager=1.0), cfg, "cpu", str(tmp_path / "l"), 1, plan.main))
     s.handle({"kind": "timing_lock"})
     for j in range(plan.main):
         for kind, extra in (("round_start", {}), ("round_ready", {}), ("round_returned", {"ms": 0.5}), ("round_done", {"fp": [], "key": "k"})):

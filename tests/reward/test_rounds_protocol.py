@@ -24,6 +24,7 @@ from opsynth.reward.confidence import EARLY_MARGIN
 from opsynth.reward.rounds import Channel, RoundSession, TimingPlan, plausible, run_rounds, session_handler, untimed_rounds
 from opsynth.runtime.sandbox import _serve_builds
 from opsynth.runtime.timing import Timer
+from fake_baselines import FakeBaselines, FakeServer  # noqa: E402 - tests/reward, on sys.path (conftest)
 
 
 def _trials(k=5, shape=(32, 64)):
@@ -181,34 +182,6 @@ def test_the_references_unclocked_rounds_give_the_clocked_fingerprints():
 # ---- the pacer's early end of a main pass (fake baseline children) -------------------------------
 
 
-class _FakeServer:
-    def __init__(self, ms: float, seed: int):
-        self.ms, self.rng, self.pid, self.warmed, self.blocks = ms, random.Random(seed), None, False, []
-        self.last_quiet = None  # the CPU backend: no wait for an idle device
-
-    def is_ready(self):
-        return True
-
-    def wait_ready(self, timeout=None):
-        pass
-
-    def block(self, n: int, quiet_cap_ms: float | None = None) -> list[float]:
-        self.blocks.append(n)
-        return [self.ms * self.rng.lognormvariate(0.0, 0.03) for _ in range(n)]
-
-
-class _FakeBaselines:
-    def __init__(self, cached: dict | None = None, servers: dict | None = None, **ms):
-        self.servers = servers or {k: _FakeServer(v, i) for i, (k, v) in enumerate(ms.items())}
-        self.cached = {"eager_ms": ms.get("eager"), "compile_ms": ms.get("compile")} if cached is None else cached
-
-    def uses_cache(self):
-        return False
-
-    def server(self, kind):
-        return self.servers[kind]
-
-
 def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bool = False, wrong_from: int | None = None,
            cached: dict | None = None, servers: dict | None = None, reference_ms: float | None = None, device: str = "cpu",
            **ms):
@@ -217,7 +190,7 @@ def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bo
     cfg = RewardConfig(device="cpu", timing_block=10, compile_baseline=compile_baseline)
     plan = TimingPlan.draw(10, 30, 1e-2, 1e-2, extra=60, min_timed=min_timed)
     ref_fps = {j: {"fp": [[float(j), 0.0]], "scale": [1e-3]} for j in range(len(plan.seeds))}
-    pacer = Pacer(_FakeBaselines(cached, servers, **ms), cfg, device, str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
+    pacer = Pacer(FakeBaselines(cached, servers, **ms), cfg, device, str(tmp_path / "device.lock"), plan.warmup, plan.main + plan.extra,
                   reference=(ref_fps, {j: "k" for j in ref_fps}), reference_ms=reference_ms)
     s = RoundSession(plan, pacer=pacer)
     rng = random.Random(7)
@@ -289,7 +262,7 @@ def test_kept_rounds_are_drawn_among_the_rounds_every_main_pass_runs():
     assert RewardConfig(device="cpu", repeats=6).resolved_min_timed("cpu") == 6  # never beyond the plan
 
 
-class _BusyServer(_FakeServer):
+class _BusyServer(FakeServer):
     """A baseline child beside work a stopped candidate left on the device: every block reads
     `factor` slow, and (with the child's quiet wait, `report`) says the device never went idle."""
 
