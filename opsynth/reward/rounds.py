@@ -157,6 +157,7 @@ class RoundSession:
     # patched clock against them (`plausible`) also gets the second pass, since load from outside (a CPU
     # quota's throttling, another child starting) can stall every round of a short pass
     asked: dict = field(default_factory=dict)  # round -> parent clock when its seed request arrived (before any baseline block)
+    reported: dict = field(default_factory=dict)  # round -> parent clock when its report (the next seed's request) arrived
     started: dict = field(default_factory=dict)  # round -> parent clock at the seed request
     ready: dict = field(default_factory=dict)  # round -> parent clock when its inputs were ready
     claims: dict = field(default_factory=dict)  # round -> claimed ms
@@ -240,6 +241,7 @@ class RoundSession:
                 own = req.get("own_ms") if self.own_work else 0.0
                 if not isinstance(own, (int, float)) or not 0 <= own:
                     return self._fail(f"round {j}: malformed own time {own!r}")
+                self.reported[j] = now
                 self.wall[j] = (now - self.started[j]) * 1e3 - own
                 self.after[j] = (now - self.returned[j]) * 1e3 - own
                 self.fps[j] = fp
@@ -342,8 +344,9 @@ class RoundSession:
         return list(self.periods_by_round().values())
 
     def periods_by_round(self) -> dict:
-        """{round: its period in ms} (see `periods`)."""
-        return {j: (self.asked[j + 1] - self.started[j]) * 1e3 for j in sorted(self.started) if j + 1 in self.asked}
+        """{round: its period in ms} (see `periods`). Its end is its report, the next seed's request:
+        at a pass's end the next round starts only after `timing_done` and the pacer's decision."""
+        return {j: (self.reported[j] - self.started[j]) * 1e3 for j in sorted(self.started) if j in self.reported}
 
     def passes(self) -> dict:
         """Rounds run, by pass: warm-up, main (timed), added by the pacer, re-measure."""

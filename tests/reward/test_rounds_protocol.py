@@ -184,7 +184,7 @@ def test_the_references_unclocked_rounds_give_the_clocked_fingerprints():
 
 def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bool = False, wrong_from: int | None = None,
            cached: dict | None = None, servers: dict | None = None, reference_ms: float | None = None, device: str = "cpu",
-           **ms):
+           between_passes=None, **ms):
     """A candidate's timing as its child drives it (10 warm-up, 30 repeats, blocks of 10, cap 90),
     each round claiming about `cand_ms`; from round `wrong_from` on, outputs unlike the reference's."""
     cfg = RewardConfig(device="cpu", timing_block=10, compile_baseline=compile_baseline)
@@ -212,8 +212,20 @@ def _paced(tmp_path, cand_ms: float, min_timed: int | None, compile_baseline: bo
         again = s.handle({"kind": "timing_done"})["again"]
         if not again:
             break
+        if between_passes is not None:
+            between_passes()
     s.handle({"kind": "timing_unlock"})
     return s, pacer
+
+
+def test_a_rounds_period_ends_at_its_report_not_after_the_pass_boundary(tmp_path):
+    """A period spanning a pass's end held the wait at `timing_done` and the pacer's decision (the
+    longest round read that as its own). Here 0.2 s pass between passes of a near-threshold candidate:
+    no round's period holds it."""
+    s, _ = _paced(tmp_path, 0.95, 10, eager=1.0, between_passes=lambda: time.sleep(0.2))
+    assert s.main_end > 40, "no pass boundary: the test did not test it"
+    periods = s.periods_by_round()
+    assert set(periods) == set(range(s.next_round)) and max(periods.values()) < 100, max(periods.values())
 
 
 def test_a_clear_candidate_ends_its_main_pass_after_min_timed_calls(tmp_path):
