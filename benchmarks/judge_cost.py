@@ -10,8 +10,10 @@ Each candidate is a correct one (the reference plus noise well inside the tolera
 case, and the one that is judged in full).
 
 - old: `torch.load(path)` and `judge_outputs` / `judge_rounds` without a memo (`_cmp` on every tensor);
-- new: `outputs_file.read_outputs` and the same calls with the reference's `FactsMemo`, its facts
-  computed by the first judgement of a group and reused by the rest;
+- new: the outputs through the channel the parent hands the child (`outputs_file.OutputsChannel`: a
+  memfd, filled before the clock starts, as the child fills it), sealed and loaded in place, and the
+  same calls with the reference's `FactsMemo`, its facts computed by the first judgement of a group
+  and reused by the rest;
 - new_warm: the same with the memo warmed before the group, as `evaluate` does once the reference
   is ready (while its candidates build); `warm_s` is that one-off cost.
 
@@ -41,7 +43,7 @@ import torch  # noqa: E402
 from opsynth.render.task_file import second_batch_size, tolerance  # noqa: E402
 from opsynth.reward.compare import FactsMemo, judge_outputs  # noqa: E402
 from opsynth.reward.eval_types import RewardConfig  # noqa: E402
-from opsynth.reward.outputs_file import read_outputs, size_cap  # noqa: E402
+from opsynth.reward.outputs_file import OutputsChannel, size_cap  # noqa: E402
 from opsynth.reward.rounds import KEEP, RoundSession, TimingPlan, judge_rounds  # noqa: E402
 
 # task -> (batch, per-row shape, dtype): the H200 sizes of benchmarks/reward_throughput.py
@@ -98,8 +100,18 @@ def judge_old(ref, path, session, cfg, memo=None):
     return v
 
 
-def judge_new(ref, path, session, cfg, memo):
-    cand = read_outputs(path, size_cap(ref))
+def channel_of(path) -> OutputsChannel:
+    """A channel holding the file's bytes, as a measuring child leaves it (not timed: the child's work)."""
+    ch = OutputsChannel("judge-cost")
+    with open(path, "rb") as f:
+        size, got = os.fstat(f.fileno()).st_size, 0
+        while got < size:
+            got += os.sendfile(ch.fd, f.fileno(), got, size - got)
+    return ch
+
+
+def judge_new(ref, channel, session, cfg, memo):
+    cand = channel.read(size_cap(ref))
     v = judge_outputs(ref, cand, cfg, memo)
     if v[0] == "ok":
         v = judge_rounds(ref, session, cand["rounds_kept"], cfg, session.keys, memo)
@@ -120,9 +132,10 @@ def run_group(fn, ref, paths, session, cfg, threads: bool, warm: bool = False) -
     t_warm = time.perf_counter() - t_warm
     times: list = [None] * len(paths)
     verdicts: list = [None] * len(paths)
+    sources = [channel_of(p) for p in paths] if fn is judge_new else paths
 
     def one(i):
-        times[i], verdicts[i] = _timed(fn, ref, paths[i], session, cfg, memo)
+        times[i], verdicts[i] = _timed(fn, ref, sources[i], session, cfg, memo)
 
     t0 = time.perf_counter()
     if threads:
@@ -135,6 +148,9 @@ def run_group(fn, ref, paths, session, cfg, threads: bool, warm: bool = False) -
         for i in range(len(paths)):
             one(i)
     wall = time.perf_counter() - t0
+    for src in sources:
+        if isinstance(src, OutputsChannel):
+            src.close()
     assert all(v == ("ok", "") for v in verdicts), verdicts
     return {"warm_s": round(t_warm, 3) if warm else None, "per_judgement_median_s": round(statistics.median(times), 4), "per_judgement_max_s": round(max(times), 4),
             "first_s": round(times[0], 4), "group_wall_s": round(wall, 3), "per_judgement_s": [round(t, 4) for t in times]}

@@ -166,6 +166,9 @@ def _prepare(job) -> types.SimpleNamespace:
     init_inputs = torch.load(job["init_path"], weights_only=True)
     base_threads = {t.ident for t in threading.enumerate()}
     _save = torch.save
+    from opsynth.reward.outputs_file import channel_writer
+
+    write_outputs = channel_writer(_save)  # into the parent's outputs channel; bound before the candidate runs
     _clone = torch.Tensor.clone
     _sync = torch.cuda.synchronize if cuda else (lambda: None)
     info: dict = {"build_s": None, "cuda_init_s": cuda_init_s}
@@ -176,7 +179,7 @@ def _prepare(job) -> types.SimpleNamespace:
         torch=torch, guards=guards, audit=audit, tracker=tracker, device=device, cuda=cuda, set_mode=set_mode,
         kind=kind, task_step=task_step,
         timing=timing, rounds=rounds, timed_inputs=timed_inputs, snapshot=snapshot, off=off, cstate=cstate,
-        l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, clone=_clone, sync=_sync,
+        l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, write_outputs=write_outputs, clone=_clone, sync=_sync,
         info=info, check_harness=_harness_checker(snapshot, off), hooks_changed=snapshot.hooks_changed, model=None, guarded=None,
         protected=set(), poisoned=set(), reused=[],
     )
@@ -644,8 +647,12 @@ def measure(job) -> dict:
             print(f"[candidate] setup {t_setup:.2f} s, checks {info['trials_s'] + info['profiled_s']:.2f} s, "
                   f"timing {info['locked_s']:.2f} s", flush=True)
         t_save = time.perf_counter()
-        ctx.save({"trials": trial_outs, "second": second_outs, "rounds_kept": kept, "trial_reused": ctx.reused[:len(trial_outs)]}, job["outputs_path"])
-        info["save_outputs_s"] = round(time.perf_counter() - t_save, 3)  # diagnostics: the outputs file the parent judges
+        saved = {"trials": trial_outs, "second": second_outs, "rounds_kept": kept, "trial_reused": ctx.reused[:len(trial_outs)]}
+        if job.get("outputs_path"):  # the `outputs_file` guard's control only: a file in the scratch, as before the channel
+            ctx.save(saved, job["outputs_path"])
+        else:
+            ctx.write_outputs(saved)
+        info["save_outputs_s"] = round(time.perf_counter() - t_save, 3)  # diagnostics: the outputs the parent judges
         return {"reason": "ok", "kernels": kernels[:20], "kernel_times": kernel_times[:10], "ext_calls": tracker.calls, "builds": tracker.builds, **info}
     except Reject as r:
         print(f"[candidate] rejected: {r.reason}: {r.detail}", flush=True)

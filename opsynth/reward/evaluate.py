@@ -27,7 +27,6 @@ share under its own device lock, and with `remote_builds` the builds go to any w
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import statistics
@@ -129,7 +128,6 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         "memory_limit_gb": cfg.memory_limit_gb,
         "data_path": str(scratch / "data.pt"),
         "init_path": str(scratch / "init.pt"),
-        "ref_outputs_path": str(scratch / "ref_outputs.pt"),
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": _lock_path(cfg, device),
     }
@@ -142,24 +140,24 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     # The reference clocks the main pass's rounds through the protocol (its overhead is the wall-clock
     # check's yardstick) and computes every other round's fingerprints without a clock
     ref_rounds = RoundSession(plan, end=plan.main, own_work=True)
-    res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
-                    env_extra=device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
-                    build_handler=session_handler(ref_rounds, None))
-    if res.reason != "ok":
-        # the task's own failure: named task_* (task_timeout, task_error), never a program's reason
-        return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
-    if not ref_rounds.done:
-        return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's timed rounds did not finish: {ref_rounds.error}", scratch)
-    from opsynth.reward.compare import FactsMemo
-    from opsynth.reward.outputs_file import OutputsFileError, read_outputs
+    from opsynth.reward.outputs_file import OutputsChannel, OutputsFileError
 
-    out_path = Path(job["ref_outputs_path"])
-    try:
-        outputs = read_outputs(out_path)  # trusted, but the same safe reader costs nothing
-    except OutputsFileError as e:
-        return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's outputs: {e}", scratch)
-    finally:
-        out_path.unlink(missing_ok=True)  # the candidate must never find the answers on disk
+    # The outputs through a channel of this process's (no file: the candidate must never find the answers on disk)
+    with OutputsChannel("opsynth-reference-outputs") as channel:
+        res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
+                        env_extra=device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
+                        build_handler=session_handler(ref_rounds, None), channels={"outputs": channel.fd})
+        if res.reason != "ok":
+            # the task's own failure: named task_* (task_timeout, task_error), never a program's reason
+            return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
+        if not ref_rounds.done:
+            return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's timed rounds did not finish: {ref_rounds.error}", scratch)
+        try:
+            outputs = channel.read()  # the task's code wrote it: the same checks as a candidate's
+        except OutputsFileError as e:
+            return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's outputs: {e}", scratch)
+    from opsynth.reward.compare import FactsMemo
+
     for j, r in enumerate(outputs.get("rounds") or []):  # the input hashes of the rounds it did not report over the channel
         if "key" in r:
             ref_rounds.keys.setdefault(j, r["key"])
@@ -215,7 +213,6 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
                 "param_names": ref.job.get("param_names"),
                 "timing": ref.job["timing"],
                 "flush_l2": cfg.flush_l2,
-                "outputs_path": str(scratch / "cand_outputs.pt"),
                 "disabled_guards": list(cfg.disabled_guards),
             }
         )
@@ -252,52 +249,61 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
                           call_floor="call_wall_floor" not in off)
     # The first run of a fresh build compiles inside this child too, so allow for it.
     builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
+    from opsynth.reward.outputs_file import OutputsChannel
+
+    channel = OutputsChannel("opsynth-candidate-outputs")  # what the child's harness saves; read by _judge
+    if "outputs_file" in off:  # the control only: a file in the child's scratch, as before the channel
+        job["outputs_path"] = str(scratch / "cand_outputs.pt")
     try:
-        res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
-                                        warm=RUNNERS, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
-                                        env_extra=device_env(cfg, device), on_start=pacer.set_pid))
+        try:
+            res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
+                                            warm=RUNNERS, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
+                                            env_extra=device_env(cfg, device), on_start=pacer.set_pid,
+                                            channels={"outputs": channel.fd}))
+        finally:
+            pacer.close()  # the device lock and the quiet window, whatever the child did
+        log = (build_log + "\n" + res.log).strip()
+        details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
+        if res.reason != "ok":
+            out = EvalResult.rejected(res.reason, log, times, device)
+            out.details = details
+            return out
+        times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
+        times["build_s"] = res.data.get("build_s")
+        times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
+        times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)
+        for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
+                  "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s",  # parts of rounds_s (the child's clock)
+                  "save_outputs_s"):  # writing the outputs into their channel, after the lock
+            if res.data.get(k) is not None:
+                times[k] = res.data[k]
+        times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
+        times["quiet_window_s"] = round(pacer.window_s, 3)  # part of rounds_s: stopping builds and idle baseline children
+        times["settle_device_s"] = round(pacer.settle_s, 3)  # part of rounds_s: the idle probe before the first timed round
+        times["intervals_s"] = round(pacer.intervals_s, 3)  # part of rounds_s: the ratio intervals (bootstrap) it looked at
+        # parts of baseline_blocks_s: the baseline's timed calls, the blocks' other work, stopping the candidate
+        times["baseline_calls_s"], times["baseline_block_overhead_s"] = round(pacer.calls_s, 3), round(pacer.block_overhead_s, 3)
+        times["candidate_stop_s"] = round(pacer.stop_s, 3)
+        if pacer.probe_ms:  # CUDA: the baseline children's waits for an idle device, and their probes' range
+            times["baseline_quiet_wait_ms"] = round(pacer.quiet_wait_ms, 3)
+            times["baseline_probe_ms"] = pacer.probe_ms
+            times["baseline_disturbed_blocks"] = pacer.disturbed
+        if pacer.compile_wait_s:
+            times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
+            if times.get("locked_s") is not None:  # the device was not held meanwhile
+                times["locked_s"] = round(max(0.0, times["locked_s"] - pacer.compile_wait_s), 3)
+        t_judge = time.perf_counter()
+        verdict, detail = _judge(ref, rounds, pacer, channel, job.get("outputs_path"), cfg, times, details, off)
+        times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
+        log = (log + "\n" + detail).strip()
+        if verdict != "ok":
+            out = EvalResult.rejected(verdict, log, times, device)
+            out.details = {**details, "detail": detail}
+            return out
+        reward = _decide(ref, pacer, rounds, cfg, times, details)
+        return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
     finally:
-        pacer.close()  # the device lock and the quiet window, whatever the child did
-    log = (build_log + "\n" + res.log).strip()
-    details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
-    if res.reason != "ok":
-        out = EvalResult.rejected(res.reason, log, times, device)
-        out.details = details
-        return out
-    times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
-    times["build_s"] = res.data.get("build_s")
-    times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
-    times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)
-    for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
-              "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s",  # parts of rounds_s (the child's clock)
-              "save_outputs_s"):  # writing the outputs file, after the lock
-        if res.data.get(k) is not None:
-            times[k] = res.data[k]
-    times["baseline_blocks_s"] = round(pacer.blocks_s, 3)  # part of rounds_s: the parent's baseline blocks
-    times["quiet_window_s"] = round(pacer.window_s, 3)  # part of rounds_s: stopping builds and idle baseline children
-    times["settle_device_s"] = round(pacer.settle_s, 3)  # part of rounds_s: the idle probe before the first timed round
-    times["intervals_s"] = round(pacer.intervals_s, 3)  # part of rounds_s: the ratio intervals (bootstrap) it looked at
-    # parts of baseline_blocks_s: the baseline's timed calls, the blocks' other work, stopping the candidate
-    times["baseline_calls_s"], times["baseline_block_overhead_s"] = round(pacer.calls_s, 3), round(pacer.block_overhead_s, 3)
-    times["candidate_stop_s"] = round(pacer.stop_s, 3)
-    if pacer.probe_ms:  # CUDA: the baseline children's waits for an idle device, and their probes' range
-        times["baseline_quiet_wait_ms"] = round(pacer.quiet_wait_ms, 3)
-        times["baseline_probe_ms"] = pacer.probe_ms
-        times["baseline_disturbed_blocks"] = pacer.disturbed
-    if pacer.compile_wait_s:
-        times["compile_wait_s"] = round(pacer.compile_wait_s, 3)  # the compile child's start, lock released
-        if times.get("locked_s") is not None:  # the device was not held meanwhile
-            times["locked_s"] = round(max(0.0, times["locked_s"] - pacer.compile_wait_s), 3)
-    t_judge = time.perf_counter()
-    verdict, detail = _judge(ref, rounds, pacer, Path(job["outputs_path"]), cfg, times, details, off)
-    times["judge_s"] = round(time.perf_counter() - t_judge, 3)  # in this (trusted) process, after the child
-    log = (log + "\n" + detail).strip()
-    if verdict != "ok":
-        out = EvalResult.rejected(verdict, log, times, device)
-        out.details = {**details, "detail": detail}
-        return out
-    reward = _decide(ref, pacer, rounds, cfg, times, details)
-    return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
+        channel.close()  # the outputs loaded from it keep their mapping
 
 
 def _reference_ms(ref: _Reference) -> float | None:
@@ -307,33 +313,31 @@ def _reference_ms(ref: _Reference) -> float | None:
     return statistics.median(claims.values()) if claims else None
 
 
-def _judge(ref: _Reference, rounds, pacer, outputs_path: Path, cfg: RewardConfig, times: dict, details: dict,
+def _judge(ref: _Reference, rounds, pacer, channel, control_path: str | None, cfg: RewardConfig, times: dict, details: dict,
            off: set) -> tuple[str, str]:
-    """The verdict on a measuring child that exited ok, in this (trusted) process: its outputs file
-    read safely (`outputs_file`: the child chose what lies at that path), the outputs against the
-    reference's (through the reference's FactsMemo), the timed rounds, the pacer's own failure."""
+    """The verdict on a measuring child that exited ok, in this (trusted) process: its outputs read
+    from the channel it was given (`outputs_file`: sealed, then checked and loaded in place), the
+    outputs against the reference's (through the reference's FactsMemo), the timed rounds, the
+    pacer's own failure."""
     from opsynth.reward.compare import judge_outputs
-    from opsynth.reward.outputs_file import OutputsFileError, read_outputs, size_cap
+    from opsynth.reward.outputs_file import OutputsFileError, size_cap
 
     tcfg = ref.cfg or cfg  # the task's tolerance
     details["settings"] = tcfg.quoted_settings()
     t0 = time.perf_counter()
-    if "outputs_file" in off:  # the control only: a plain load, which a FIFO at the path hangs
+    if control_path is not None:  # the `outputs_file` control only: a plain load of a path the child owns, which a FIFO there hangs
         import torch
 
-        cand = torch.load(outputs_path, weights_only=True)
+        cand = torch.load(control_path, weights_only=True)
     else:
         try:
-            cand = read_outputs(outputs_path, size_cap(ref.outputs))
+            cand = channel.read(size_cap(ref.outputs))
         except OutputsFileError as e:
-            return "outputs_unreadable", f"the candidate's outputs file: {e}"
-    # Where judging goes (diagnostics): reading the file, then comparing with the reference's outputs
+            return "outputs_unreadable", f"the candidate's outputs: {e}"
+    # Where judging goes (diagnostics): reading the outputs, then comparing them with the reference's
     t1 = time.perf_counter()
     times["judge_read_s"] = round(t1 - t0, 3)
-    try:
-        times["outputs_mb"] = round(os.lstat(outputs_path).st_size / 2**20, 1)  # lstat: follows no link, opens nothing
-    except OSError:
-        times["outputs_mb"] = None
+    times["outputs_mb"] = round(channel.size() / 2**20, 1) if control_path is None else None
     verdict, detail = judge_outputs(ref.outputs, cand, tcfg, ref.facts)
     times["judge_compare_s"] = round(time.perf_counter() - t1, 3)
     if verdict == "ok":

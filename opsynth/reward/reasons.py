@@ -133,8 +133,8 @@ REASONS: dict[str, Reason] = {
     "below_physical_floor": Reason("anti_hacking", "no_patching", "the measured time is below what the device can do (writing the outputs at peak bandwidth), twice"),
     "timing_protocol": Reason("anti_hacking", "no_patching", "the timed calls did not follow the evaluator's protocol (a round out of turn, missing or malformed)"),
     "output_cached": Reason("anti_hacking", "fresh_outputs", "a call returned an earlier call's output for new inputs"),
-    "outputs_unreadable": Reason("anti_hacking", "no_patching", "the outputs file the harness wrote was not one the evaluator "
-                                 "will load: replaced (a FIFO, a link, a device), larger than the task's outputs allow, or not a valid tensor file"),
+    "outputs_unreadable": Reason("anti_hacking", "no_patching", "the outputs the harness handed over were not ones the evaluator "
+                                 "will load: still writable by another process, larger than the task's outputs allow, or not a valid tensor file"),
     # anti-hacking
     "forbidden_op:": Reason("anti_hacking", "forbidden_ops", "`forward` called a torch operator instead of the program's own kernel"),
     "forbidden_import:": Reason("anti_hacking", "forbidden_imports", "the program imports a forbidden module"),

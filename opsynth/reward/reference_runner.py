@@ -147,7 +147,9 @@ def _run(job: dict) -> dict:
         },
         job["data_path"],
     )
-    torch.save({"trials": outputs, "second": second_outputs, **(rounds or {})}, job["ref_outputs_path"])
+    from opsynth.reward.outputs_file import channel_writer
+
+    channel_writer(torch.save)({"trials": outputs, "second": second_outputs, **(rounds or {})})  # the parent's channel, no file
     return {
         "reason": "ok",
         "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},

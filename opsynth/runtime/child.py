@@ -48,14 +48,17 @@ def device_checks(job: dict, _checks_share=checks_share):
 
 
 BUILD_FD: int | None = None  # the child's end of its build channel, when it has one
+FDS: dict[str, int] = {}  # every channel the parent handed this child, by name ("build", "outputs")
 
 
-def run_job(module: str, job_path: str, build_fd: int | None = None) -> None:
+def run_job(module: str, job_path: str, fds: dict[str, int] | None = None) -> None:
     """Entry of a forked child: import the runner (already warm) and run it."""
     import importlib
 
     global BUILD_FD
-    BUILD_FD = build_fd
+    FDS.clear()
+    FDS.update(fds or {})
+    BUILD_FD = FDS.get("build")
     mod = importlib.import_module(module)
     if hasattr(mod, "_T_IMPORT"):
         mod._T_IMPORT = time.perf_counter()  # this child's start, not the fork server's

@@ -36,6 +36,7 @@ import time
 WARM_MODULES = ("torch", "torch.nn.functional", "torch.profiler", "torch._dynamo")  # and each caller's runners (`warm`)
 
 MAX_MSG = 1 << 16
+MAX_FDS = 8  # a job's descriptors: stdin, log and its named channels
 
 
 def _send(conn: socket.socket, obj: dict, fds: list[int] = ()) -> None:
@@ -73,8 +74,10 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
         os.dup2(fds["log"], 2)
         for fd in (fds["stdin"], fds["log"]):
             os.close(fd)
-        # Nothing the server holds open (its pipes, imported libraries' files) reaches the job.
-        keep = sorted({0, 1, 2, *([fds["build"]] if "build" in fds else [])})
+        # Nothing the server holds open (its pipes, imported libraries' files) reaches the job: only
+        # its named channels (a build channel, an outputs channel), by the numbers they arrived as.
+        extra = {k: v for k, v in fds.items() if k not in ("stdin", "log")}
+        keep = sorted({0, 1, 2, *extra.values()})
         lo = 3
         for fd in keep:
             if fd >= lo:
@@ -100,7 +103,7 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
             os.chdir(req["cwd"])  # again: the old working folder is the one from before its writable bind
         from opsynth.runtime.child import run_job
 
-        run_job(req["module"], req["job_path"], build_fd=fds.get("build"))
+        run_job(req["module"], req["job_path"], fds=extra)
         code = 0
     except BaseException as e:  # noqa: BLE001 - report and die; the parent names the reason
         try:
@@ -184,7 +187,7 @@ def serve(name: str, warm: tuple[str, ...] = ()) -> None:  # pragma: no cover - 
             elif key.data == "accept":
                 conn, _ = listener.accept()
                 try:
-                    msg, fds, _flags, _addr = socket.recv_fds(conn, MAX_MSG, 4)
+                    msg, fds, _flags, _addr = socket.recv_fds(conn, MAX_MSG, MAX_FDS)
                     req = json.loads(msg.decode().strip())
                     named = dict(zip(req.pop("fd_names"), fds))
                 except (OSError, ValueError, KeyError):

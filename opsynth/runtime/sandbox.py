@@ -202,6 +202,7 @@ def run_child(
     shared_ids: bool = False,
     warm: tuple[str, ...] = (),
     on_start: Callable[[int], None] | None = None,
+    channels: dict[str, int] | None = None,
 ) -> ChildResult:
     """Run `module.run(job)` in a fresh confined child; kill its whole process group on timeout.
 
@@ -212,6 +213,8 @@ def run_child(
     of its own (`shared_ids`: the one build uid, for children that share a compiler cache).
     `on_start(pid)`, when given, hears the child's pid (its process group) once it runs: the reward
     pauses builds and idle children with it while it times (`opsynth.reward.quiet`).
+    `channels` names descriptors of the caller's that the child gets too (`opsynth.runtime.child.FDS`):
+    the reward's outputs channel, a memfd the parent made and reads once the child has ended.
     """
     scratch = Path(scratch)
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
@@ -258,6 +261,10 @@ def run_child(
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     r_in, w_in = os.pipe()
     fds = {"stdin": r_in, "log": log_fd}
+    for name, fd in (channels or {}).items():
+        if name in ("stdin", "log", "build"):
+            raise ValueError(f"channel name {name!r} is taken by the sandbox's own descriptors")
+        fds[name] = fd  # sent to the server as a copy: the caller's descriptor stays the caller's
     parent_sock = None
     if build_handler is not None:
         parent_sock, child_sock = socket.socketpair()

@@ -1,16 +1,21 @@
-"""Reading a child's outputs file in the parent (opsynth.reward.outputs_file), and the attack end to end.
+"""A child's outputs reach the parent through a sealed channel (opsynth.reward.outputs_file), and the
+path attack end to end.
 
-The child owns its scratch folder and so what lies at its outputs path. Each of a FIFO, a symlink
-(to a FIFO, to /dev/zero, to a good file), a directory, an oversize (sparse) file, a truncated or
-garbage file, a legacy-format file and a zip with a compressed record must come back promptly as an
-OutputsFileError; a normal file loads. The controls show that the plain `torch.load(path)` the
-parent used before hangs on the FIFO (in a subprocess, killed after a short timeout), and the end-to-end
-test has a CPU candidate leave a FIFO at its outputs path: -1 with `outputs_unreadable` promptly,
-while with the guard off (`disabled_guards=["outputs_file"]`) the whole evaluation hangs.
+The parent makes a memfd per child; the child's harness writes torch.save's bytes into it; the
+parent seals it once the child has ended and loads it in place. Unit tests: what the harness writes
+loads; a channel with nothing, too much (a sparse 1 TiB), garbage, a truncated or legacy-format file
+or a compressed record, or not the harness's dict, comes back promptly as an OutputsFileError; a
+channel some process still maps for writing, or that the child sealed against sealing with its
+contents writable, is refused (control: unsealed, such a process changes the outputs the parent has
+already loaded). End to end: a CPU candidate leaves a FIFO at the path its outputs were written to
+before the channel (`cand_outputs.pt`); it is judged as the honest candidate it otherwise is, promptly,
+while with the guard off (`disabled_guards=["outputs_file"]`: the child writes to that path and the
+parent loads it plainly) the whole evaluation hangs.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -25,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opsynth.reward.outputs_file import SLACK_BYTES, OutputsFileError, read_outputs, size_cap
+from opsynth.reward.outputs_file import SLACK_BYTES, OutputsChannel, OutputsFileError, channel_writer, size_cap
 
 REPO = Path(__file__).resolve().parents[2]
 CANDS = Path(__file__).parent / "candidates"
@@ -52,63 +57,75 @@ def _prompt(fn, *args, limit_s: float = 5.0):
     return box.get("out"), box.get("err")
 
 
-def _refused(path, cap=None, match=""):
-    out, err = _prompt(read_outputs, path, cap)
+@pytest.fixture
+def channel():
+    with OutputsChannel("test-outputs") as ch:
+        yield ch
+
+
+def _saved(obj=OUTPUTS, **kw) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf, **kw)
+    return buf.getvalue()
+
+
+def _write(ch: OutputsChannel, body: bytes) -> None:
+    os.pwrite(ch.fd, body, 0)
+
+
+def _as_child(monkeypatch, ch: OutputsChannel):
+    """channel_writer as a child's harness gets it: the parent's channel among the child's descriptors."""
+    from opsynth.runtime import child
+
+    monkeypatch.setattr(child, "FDS", {"outputs": ch.fd})
+    return channel_writer(torch.save)
+
+
+def _refused(ch, cap=None, match=""):
+    out, err = _prompt(ch.read, cap)
     assert isinstance(err, OutputsFileError), (out, err)
     assert match in str(err), str(err)
     return str(err)
 
 
-@pytest.fixture
-def good(tmp_path):
-    p = tmp_path / "cand_outputs.pt"
-    torch.save(OUTPUTS, p)
-    return p
-
-
-def test_normal_file_loads(good):
-    out, err = _prompt(read_outputs, good, size_cap(OUTPUTS))
-    assert err is None
+def test_what_the_harness_writes_loads(channel, monkeypatch):
+    _as_child(monkeypatch, channel)(OUTPUTS)
+    out, err = _prompt(channel.read, size_cap(OUTPUTS))
+    assert err is None, err
     assert all(torch.equal(a[0], b[0]) for a, b in zip(out["trials"], OUTPUTS["trials"]))
     assert out["trial_reused"] == [False] * 3
+    assert fcntl.fcntl(channel.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE  # final from now on
+    with pytest.raises(PermissionError):
+        os.pwrite(channel.fd, b"changed", 0)
 
 
-def test_fifo_returns_promptly(tmp_path):
-    p = tmp_path / "cand_outputs.pt"
-    os.mkfifo(p)
-    _refused(p, match="not a regular file")
+def test_the_harness_writes_from_the_start_whatever_was_there(channel, monkeypatch):
+    """A candidate that writes junk into the channel (and leaves its offset far in) before the harness
+    saves: the harness's bytes alone, from offset 0."""
+    write = _as_child(monkeypatch, channel)
+    os.write(channel.fd, os.urandom(1 << 20))
+    os.lseek(channel.fd, 5 << 20, os.SEEK_SET)
+    write(OUTPUTS)
+    assert channel.size() == len(_saved())
+    assert channel.read(size_cap(OUTPUTS))["trial_reused"] == [False] * 3
 
 
-def test_control_plain_torch_load_hangs_on_a_fifo(tmp_path):
-    """What the parent did before: torch.load(path) on a FIFO nobody writes blocks for ever."""
-    p = tmp_path / "cand_outputs.pt"
-    os.mkfifo(p)
-    with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(p)!r}, weights_only=True)"], timeout=5)
+def test_a_child_without_a_channel_is_told(monkeypatch):
+    from opsynth.runtime import child
+
+    monkeypatch.setattr(child, "FDS", {})
+    with pytest.raises(RuntimeError, match="without an outputs channel"):
+        channel_writer(torch.save)(OUTPUTS)
 
 
-def test_symlinks_are_not_followed(tmp_path, good):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    for target in (fifo, Path("/dev/zero"), good):
-        link = tmp_path / f"link_{target.name}"
-        link.symlink_to(target)
-        _refused(link, match="cannot open")
+def test_nothing_written(channel):
+    _refused(channel, size_cap(OUTPUTS), match="nothing was written")
 
 
-def test_directory_and_missing(tmp_path):
-    d = tmp_path / "cand_outputs.pt"
-    d.mkdir()
-    _refused(d, match="not a regular file")
-    _refused(tmp_path / "nothing.pt", match="cannot open")
-
-
-def test_oversize_sparse_file_is_refused_before_reading(tmp_path):
-    p = tmp_path / "cand_outputs.pt"
-    with open(p, "wb") as f:
-        f.truncate(1 << 40)  # 1 TiB, sparse: no disk used
+def test_oversize_sparse_channel_is_refused_before_reading(channel):
+    os.ftruncate(channel.fd, 1 << 40)  # 1 TiB, sparse: no memory used
     t0 = time.monotonic()
-    _refused(p, size_cap(OUTPUTS), match="more than")
+    _refused(channel, size_cap(OUTPUTS), match="more than")
     assert time.monotonic() - t0 < 1.0
 
 
@@ -117,44 +134,108 @@ def test_size_cap_follows_the_reference():
     assert size_cap(OUTPUTS) == 4 * n + SLACK_BYTES
 
 
-def test_truncated_and_garbage_files(tmp_path, good):
-    data = good.read_bytes()
-    for name, body in (("truncated", data[: len(data) // 2]), ("garbage", os.urandom(4096)), ("empty", b""),
-                       ("zeros", bytes(100_000))):
-        p = tmp_path / f"{name}.pt"
-        p.write_bytes(body)
-        _refused(p, size_cap(OUTPUTS))
+@pytest.mark.parametrize("name", ["truncated", "garbage", "zeros"])
+def test_truncated_and_garbage(name):
+    data = _saved()
+    body = {"truncated": data[: len(data) // 2], "garbage": os.urandom(4096), "zeros": bytes(100_000)}[name]
+    with OutputsChannel() as ch:
+        _write(ch, body)
+        _refused(ch, size_cap(OUTPUTS))
 
 
-def test_legacy_format_is_refused(tmp_path):
+def test_legacy_format_is_refused(channel, tmp_path):
     """The legacy (non-zip) format: its storage headers size an allocation before any data is read."""
-    p = tmp_path / "legacy.pt"
-    torch.save(OUTPUTS, p, _use_new_zipfile_serialization=False)
-    assert torch.load(p, weights_only=True)["trial_reused"] == [False] * 3  # a valid file of that format
-    _refused(p, size_cap(OUTPUTS), match="not a torch zip")
+    body = _saved(_use_new_zipfile_serialization=False)
+    assert torch.load(io.BytesIO(body), weights_only=True)["trial_reused"] == [False] * 3  # valid in that format
+    _write(channel, body)
+    _refused(channel, size_cap(OUTPUTS), match="not a torch zip")
 
 
-def test_compressed_records_are_refused(tmp_path, good):
+def test_compressed_records_are_refused(channel):
     """A record that inflates (a zip bomb) never reaches the loader."""
-    p = tmp_path / "deflated.pt"
-    with zipfile.ZipFile(good) as src, zipfile.ZipFile(p, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(_saved())) as src, zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
             dst.writestr(info.filename, src.read(info))
-    _refused(p, size_cap(OUTPUTS), match="compressed")
+    _write(channel, buf.getvalue())
+    _refused(channel, size_cap(OUTPUTS), match="compressed")
 
 
-def test_not_the_harness_dict(tmp_path):
-    p = tmp_path / "list.pt"
-    torch.save([torch.ones(3)], p)
-    _refused(p, match="not the harness's dict")
+def test_not_the_harness_dict(channel):
+    _write(channel, _saved([torch.ones(3)]))
+    _refused(channel, match="not the harness's dict")
 
 
-# ---- end to end: a candidate that leaves a FIFO at its outputs path ----------------------------------
+def test_a_channel_sealed_by_the_child_with_every_needed_seal_loads(channel):
+    _write(channel, _saved())
+    fcntl.fcntl(channel.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    assert channel.read(size_cap(OUTPUTS))["trial_reused"] == [False] * 3
 
-# The candidate's module top level: a FIFO at its outputs path, held open for reading by the candidate
-# itself (so the harness's torch.save writes into the pipe and succeeds), with a pipe buffer larger
-# than its small outputs. When the child exits the data goes with it, and the parent finds a FIFO
-# that no one will ever write: a plain open for reading blocks for ever.
+
+def test_a_channel_sealed_against_sealing_with_writes_open_is_refused(channel):
+    """The child seals the seals first: the parent cannot make the contents final, so it does not load them."""
+    _write(channel, _saved())
+    fcntl.fcntl(channel.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL)
+    _refused(channel, size_cap(OUTPUTS), match="sealed against sealing")
+
+
+# A process of the child's that outlived it, still mapping the channel for writing: it rewrites the
+# first output's values whenever told (a line on stdin), after the parent has loaded them.
+MAPPER = textwrap.dedent("""
+    import mmap, os, sys
+    fd = int(sys.argv[1])
+    m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    print("mapped", flush=True)
+    for line in sys.stdin:
+        at = m.find(bytes.fromhex(line.strip()))
+        m[at:at + 64] = bytes(64)  # zeros over the first output's first 16 floats
+        m.flush()
+        print("rewritten", at, flush=True)
+""")
+
+
+def _mapper(channel):
+    p = subprocess.Popen([sys.executable, "-c", MAPPER, str(channel.fd)], pass_fds=[channel.fd], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "mapped"
+    return p
+
+
+def test_a_channel_still_mapped_for_writing_is_refused(channel):
+    _write(channel, _saved())
+    p = _mapper(channel)
+    try:
+        _refused(channel, size_cap(OUTPUTS), match="still mapped for writing")
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_control_unsealed_a_mapping_process_changes_outputs_already_loaded(channel):
+    """The attack the seal stops: the parent loads the outputs in place (mapped), and a process that
+    still maps the channel for writing rewrites them afterwards, under the judge's eyes."""
+    _write(channel, _saved())
+    p = _mapper(channel)
+    try:
+        out = torch.load(f"/proc/self/fd/{channel.fd}", mmap=True, weights_only=True)  # read_channel without `seal`
+        first = out["trials"][0][0]
+        before = first.reshape(-1)[:16].clone()
+        assert before.abs().sum() > 0
+        p.stdin.write(before.numpy().tobytes().hex() + "\n")
+        p.stdin.flush()
+        assert p.stdout.readline().startswith("rewritten")
+        assert torch.equal(first.reshape(-1)[:16], torch.zeros(16))  # the loaded tensor changed under the parent
+    finally:
+        p.kill()
+        p.wait()
+
+
+# ---- end to end: a candidate that leaves a FIFO at the path its outputs were written to before -------
+
+# The candidate's module top level: a FIFO at that path, held open for reading by the candidate
+# itself (so a harness's torch.save to the path writes into the pipe and succeeds), with a pipe buffer
+# larger than its small outputs. When the child exits the data goes with it, and a parent that opens
+# the path finds a FIFO that no one will ever write: a plain open for reading blocks for ever.
 FIFO_ATTACK = textwrap.dedent("""
     import fcntl as _fcntl
     import os as _os
@@ -224,7 +305,7 @@ def _wait_for(lines, text, proc, limit_s):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_fifo_at_the_outputs_path_end_to_end(tmp_path, reward_cache):
+def test_fifo_at_the_old_outputs_path_end_to_end(tmp_path, reward_cache):
     fast = (CANDS / "cpu" / "ext_prelude.py").read_text() + (CANDS / "cpu" / "fast.py").read_text()
     proc = _start(tmp_path, reward_cache, [_fifo_candidate(), fast], [])
     lines = _lines(proc)
@@ -232,12 +313,14 @@ def test_fifo_at_the_outputs_path_end_to_end(tmp_path, reward_cache):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, "".join(lines)[-3000:]
     attack, honest = json.loads(out.strip().splitlines()[-1])
-    assert attack["reward"] == -1 and attack["reason"] == "outputs_unreadable", attack
-    assert "not a regular file" in attack["detail"], attack
-    assert attack["judge_s"] < 1.0, attack  # promptly
+    # The outputs came through the channel: the FIFO at the path is never opened, and the candidate is
+    # judged as the honest fused kernel it otherwise is, promptly
+    assert attack["reason"] == "ok" and attack["reward"] >= 1, attack
+    assert attack["judge_s"] < 1.0, attack
     assert honest["reason"] == "ok" and honest["reward"] >= 1, honest  # the honest one beside it is judged as before
     measured_s = time.monotonic() - t_measure  # both candidates, from the first measuring child to the end
-    # The control: the parent's plain torch.load(path) of before, on the same candidate (built now), never returns.
+    # The control: outputs written to the path and the parent's plain torch.load(path) of before, on the
+    # same candidate (built now): it never returns.
     proc = _start(tmp_path, reward_cache, [_fifo_candidate()], ["outputs_file"])
     try:
         lines = _lines(proc)
