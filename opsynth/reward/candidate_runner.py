@@ -277,12 +277,34 @@ def _instantiate(ctx, job):
     return model
 
 
+def _stdin_in_place(torch) -> dict:
+    """What torch.save wrote to stdin, loaded in place: moved into a memfd of this child's own (spliced
+    in the kernel where it can be) and mapped, not read into Python bytes and copied again by
+    torch.load (the 350 MB of a GPU-sized task's inputs on CPU: 0.65 s as bytes, 0.4 s this way, most
+    of it the pipe itself)."""
+    m = os.memfd_create("opsynth-inputs", os.MFD_CLOEXEC)
+    try:
+        spliced = True
+        while True:
+            try:
+                n = os.splice(0, m, 1 << 22) if spliced else 0
+            except OSError:  # no splice into this file here (nothing was moved yet, or the pipe is drained)
+                spliced, n = False, 0
+            if not spliced:
+                chunk = os.read(0, 1 << 22)
+                n = len(chunk)
+                if n:
+                    os.write(m, chunk)
+            if not n:
+                break
+        return torch.load(f"/proc/self/fd/{m}", mmap=True, weights_only=True)
+    finally:
+        os.close(m)  # the mapping keeps the pages
+
+
 def _load_weights(ctx, model) -> dict:
     """Weights and inputs arrive only now, on stdin: nothing the candidate ran so far could see them."""
-    torch = ctx.torch
-    import io
-
-    data = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=True)
+    data = _stdin_in_place(ctx.torch)
     own = model.state_dict()
     matched = {k: v for k, v in data["state_dict"].items() if k in own and tuple(own[k].shape) == tuple(v.shape)}
     model.load_state_dict(matched, strict=False)
