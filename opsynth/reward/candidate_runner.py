@@ -297,7 +297,12 @@ def _stdin_in_place(torch) -> dict:
                     os.write(m, chunk)
             if not n:
                 break
-        return torch.load(f"/proc/self/fd/{m}", mmap=True, weights_only=True)
+        path = f"/proc/self/fd/{m}"
+        if os.path.exists(path):
+            return torch.load(path, mmap=True, weights_only=True)
+        import io  # no /proc here: from a copy
+
+        return torch.load(io.BytesIO(os.pread(m, os.fstat(m).st_size, 0)), weights_only=True)
     finally:
         os.close(m)  # the mapping keeps the pages
 

@@ -84,38 +84,67 @@ class OutputsChannel:
 NEEDED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 
 
-def seal(fd: int) -> None:
-    """Make the channel's contents final: OutputsFileError when they could still change (a writable
-    mapping still open somewhere, or the child sealed the seals without a write seal)."""
+def seal(fd: int) -> bool:
+    """Make the channel's contents final: True once sealed; False where this kernel cannot seal a
+    memfd at all (then the caller judges a private copy); OutputsFileError when they could still
+    change (a writable mapping still open somewhere, or the child sealed the seals without a write seal)."""
     try:
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, NEEDED_SEALS | fcntl.F_SEAL_SEAL)
     except OSError as e:
         if e.errno == errno.EBUSY:  # F_SEAL_WRITE refused: a shared writable mapping of it still exists
             raise OutputsFileError("the outputs channel is still mapped for writing by another process") from None
+        if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # no sealing on this kernel
+            return False
         if e.errno != errno.EPERM:  # EPERM: already sealed against sealing; what matters is checked below
             raise OutputsFileError(f"the outputs channel cannot be sealed ({os.strerror(e.errno)})") from None
     have = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     if have & NEEDED_SEALS != NEEDED_SEALS:
         raise OutputsFileError("the outputs channel was sealed against sealing with its contents still writable")
+    return True
+
+
+def _private_copy(fd: int, size: int) -> bytes:
+    """The channel's bytes copied into this process (unsealed: what is judged cannot change after)."""
+    parts, got = [], 0
+    while got < size:
+        part = os.pread(fd, size - got, got)
+        if not part:
+            raise OutputsFileError(f"the outputs channel shrank while read ({got} of {size} bytes)")
+        parts.append(part)
+        got += len(part)
+    if os.pread(fd, 1, size):
+        raise OutputsFileError(f"the outputs channel grew while read (beyond {size} bytes)")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def read_channel(fd: int, max_bytes: int | None = None) -> dict:
     """What torch.save wrote into an outputs channel, loaded weights-only in place once the channel is
-    sealed; OutputsFileError for anything else (nothing written, more than max_bytes, not torch's
-    zip format with stored records, not the harness's dict)."""
+    sealed (a private copy where it cannot be); OutputsFileError for anything else (nothing written,
+    more than max_bytes, not torch's zip format with stored records, not the harness's dict)."""
+    import io
+
     import torch
 
-    seal(fd)
+    sealed = seal(fd)
     size = os.fstat(fd).st_size
     if size == 0:
         raise OutputsFileError("nothing was written into the outputs channel")
     if max_bytes is not None and size > max_bytes:
         raise OutputsFileError(f"the outputs channel holds {size} bytes, more than the {max_bytes} the reference's outputs allow")
     path = f"/proc/self/fd/{fd}"  # this process's own view of its descriptor: nothing the child named
-    with open(path, "rb") as f:
-        check_zip(f, size, max_bytes)
+    if sealed and not os.path.exists(path):
+        sealed = False  # no /proc here: a copy
     try:
-        out = torch.load(path, mmap=True, weights_only=True)  # sealed: the mapping cannot change or shrink
+        if sealed:
+            with open(path, "rb") as f:
+                check_zip(f, size, max_bytes)
+            out = torch.load(path, mmap=True, weights_only=True)  # sealed: the mapping cannot change or shrink
+        else:
+            data = _private_copy(fd, size)
+            check_zip(io.BytesIO(data), len(data), max_bytes)
+            out = torch.load(io.BytesIO(data), weights_only=True)
+    except OutputsFileError:
+        raise
     except Exception as e:  # UnpicklingError, RuntimeError from the zip reader, a refused global
         raise OutputsFileError(f"torch.load failed: {type(e).__name__}: {str(e)[:300]}") from None
     if not isinstance(out, dict):

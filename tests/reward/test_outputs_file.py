@@ -179,6 +179,25 @@ def test_a_channel_sealed_against_sealing_with_writes_open_is_refused(channel):
     _refused(channel, size_cap(OUTPUTS), match="sealed against sealing")
 
 
+def test_where_memfds_cannot_be_sealed_a_private_copy_is_judged(channel, monkeypatch):
+    """A kernel without memfd seals (EINVAL): the outputs still load, from a copy taken once, which
+    nothing the child left behind can change afterwards."""
+    import opsynth.reward.outputs_file as of
+
+    real = fcntl.fcntl
+
+    def no_seals(fd, cmd, *a):
+        if cmd == fcntl.F_ADD_SEALS:
+            raise OSError(22, "Invalid argument")
+        return real(fd, cmd, *a)
+
+    monkeypatch.setattr(of.fcntl, "fcntl", no_seals)
+    _write(channel, _saved())
+    out = channel.read(size_cap(OUTPUTS))
+    os.pwrite(channel.fd, bytes(channel.size()), 0)  # the channel zeroed after the read
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(out["trials"], OUTPUTS["trials"]))
+
+
 # A process of the child's that outlived it, still mapping the channel for writing: it rewrites the
 # first output's values whenever told (a line on stdin), after the parent has loaded them.
 MAPPER = textwrap.dedent("""
