@@ -394,7 +394,7 @@ class BuildService:
 
     def _build(self, req: dict, key: str, name: str) -> dict:
         from opsynth.reward import quiet
-        from opsynth.reward.eval_types import RUNNERS
+        from opsynth.reward.eval_types import BUILD_RUNNERS
         from opsynth.runtime.sandbox import run_child
 
         scratch = Path(tempfile.mkdtemp(prefix="opsynth_build_"))
@@ -425,8 +425,8 @@ class BuildService:
             }
             writable = [str(ccache_dir(self.cache_dir))] if self.ccache else []
             with quiet.tracked("build") as on_start:  # paused while anything is timed
-                res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=RUNNERS,
-                                writable=writable, env_extra=self.env, shared_ids=True,
+                res = run_child("opsynth.reward.build_runner", job, scratch, self.cfg.build_timeout_s, self.cfg, warm=BUILD_RUNNERS,
+                                light=True, writable=writable, env_extra=self.env, shared_ids=True,
                                 readable=[d for d in (pch_dir, light_dir) if d], on_start=on_start)
             wall = time.perf_counter() - t0
             paused = {"paused_s": on_start.paused_s, "server_wait_s": res.server_wait_s}  # where a cold build's wall goes

@@ -14,6 +14,10 @@ from pathlib import Path
 # The children's entry modules, imported once by the fork server (opsynth.runtime) before it forks.
 RUNNERS = ("opsynth.reward.guards", "opsynth.reward.candidate_runner", "opsynth.reward.reference_runner", "opsynth.reward.build_runner",
            "opsynth.reward.baseline_runner")
+# Those of the children that only build (a candidate's module run for its extensions' sources, the
+# compilers' child), imported by a light server (`run_child(light=True)`): a cold evaluation's build
+# does not wait for Dynamo to load.
+BUILD_RUNNERS = ("opsynth.reward.guards", "opsynth.reward.candidate_runner", "opsynth.reward.build_runner")
 
 
 def default_cache_dir() -> Path:

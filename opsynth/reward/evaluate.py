@@ -221,14 +221,14 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
 
 def _build(spec: CandidateSpec, cfg: RewardConfig, device: str, scratch: Path):
     """Run the candidate's module top level once (compiling its extensions into the shared cache)."""
-    from opsynth.reward.eval_types import RUNNERS
+    from opsynth.reward.eval_types import BUILD_RUNNERS
     from opsynth.runtime.sandbox import run_child
 
     job = _candidate_job(spec, None, cfg, device, scratch, "build")
     job["cpu_threads"] = 1  # it only waits for builds: no torch thread pools next to the compilers
     builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
-    return builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg, warm=RUNNERS,
-                                     build_handler=builds, env_extra=device_env(cfg, device)))
+    return builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.build_timeout_s, cfg, warm=BUILD_RUNNERS,
+                                     light=True, build_handler=builds, env_extra=device_env(cfg, device)))
 
 
 def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, build_log: str = "") -> EvalResult:

@@ -86,6 +86,7 @@ def job_env(base: dict, scratch: Path, cpu_threads: int | None, extra: dict | No
 
 _servers: dict[tuple, object] = {}
 _servers_lock = threading.Lock()
+_starting: dict[tuple, threading.Lock] = {}  # one per server key: a start blocks only its own key's callers
 _isolation_checked: dict[str, tuple[bool, str]] = {}
 
 
@@ -116,17 +117,23 @@ def isolation_enabled(mode: str) -> bool:
     return True
 
 
-def fork_server(env: dict, warm: tuple[str, ...] = ()):
+def fork_server(env: dict, warm: tuple[str, ...] = (), light: bool = False):
     """This process's fork server for an environment and set of warm modules (the runners its
-    children run, imported once), started on first use and restarted if it died."""
-    from opsynth.runtime.forkserver import ForkServer
+    children run, imported once), started on first use and restarted if it died. `light`: one
+    without Dynamo (`forkserver.LIGHT_MODULES`), for children that only build.
+    Servers of different keys start side by side: each key has its own start lock."""
+    from opsynth.runtime.forkserver import LIGHT_MODULES, WARM_MODULES, ForkServer
 
-    key = (tuple(sorted(env.items())), tuple(warm))
+    key = (tuple(sorted(env.items())), tuple(warm), light)
     with _servers_lock:
-        srv = _servers.get(key)
+        start_lock = _starting.setdefault(key, threading.Lock())
+    with start_lock:
+        with _servers_lock:
+            srv = _servers.get(key)
         if srv is None or not srv.alive():
-            srv = ForkServer(env, warm=tuple(warm))
-            _servers[key] = srv
+            srv = ForkServer(env, warm=tuple(warm), base=LIGHT_MODULES if light else WARM_MODULES)
+            with _servers_lock:
+                _servers[key] = srv
         return srv
 
 
@@ -203,6 +210,7 @@ def run_child(
     warm: tuple[str, ...] = (),
     on_start: Callable[[int], None] | None = None,
     channels: dict[str, int] | None = None,
+    light: bool = False,
 ) -> ChildResult:
     """Run `module.run(job)` in a fresh confined child; kill its whole process group on timeout.
 
@@ -213,6 +221,7 @@ def run_child(
     of its own (`shared_ids`: the one build uid, for children that share a compiler cache).
     `on_start(pid)`, when given, hears the child's pid (its process group) once it runs: the reward
     pauses builds and idle children with it while it times (`opsynth.reward.quiet`).
+    `light`: forked from a server without Dynamo (a child that only builds).
     `channels` names descriptors of the caller's that the child gets too (`opsynth.runtime.child.FDS`):
     the reward's outputs channel, a memfd the parent made and reads once the child has ended.
     """
@@ -229,7 +238,7 @@ def run_child(
     isolated = isolation_enabled(getattr(cfg, "isolation", "auto"))
     base = base_env(getattr(cfg, "tool_path", None) or [])
     t_server = time.perf_counter()
-    srv = fork_server(base, tuple(warm))
+    srv = fork_server(base, tuple(warm), light)
     server_wait_s = round(time.perf_counter() - t_server, 3)
     env = job_env(base, scratch, job.get("cpu_threads", getattr(cfg, "cpu_threads", None)), env_extra)
     cache_dir = cfg.resolved_cache_dir()
