@@ -54,8 +54,7 @@ def _is_task_failure(reason: str) -> bool:
 
 
 def _reward(cfg: Any) -> dict:
-    from opsynth.reward.eval_types import RewardConfig
-    from opsynth.reward.evaluate import RewardSetupError, evaluate
+    from opsynth.reward.eval_types import RewardConfig  # no torch yet: the fork servers start first
 
     try:
         rcfg = RewardConfig.from_dict(dict(cfg.get("reward") or {}))
@@ -63,9 +62,14 @@ def _reward(cfg: Any) -> dict:
         raise UsageError(f"invalid configuration: {e}") from None
     task_path = _readable(cfg, "task", "a task file in the KernelBench format")
     cand_path = _readable(cfg, "candidate", "a ModelNew .py file, a workspace folder or a completion")
+    from opsynth.reward.servers import prestart
+
+    prestart(rcfg)  # the fork servers start while this process imports torch and the evaluator
     task = task_path.read_text()
     _check_task(task, task_path)
     quiet = bool(cfg.get("quiet"))
+    from opsynth.reward.evaluate import RewardSetupError, evaluate
+
     try:
         result = evaluate(task, cand_path, rcfg, progress=None if quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
     except RewardSetupError as e:

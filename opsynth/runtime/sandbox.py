@@ -117,6 +117,11 @@ def isolation_enabled(mode: str) -> bool:
     return True
 
 
+def server_env(cfg) -> dict:
+    """The environment of the fork servers a config's children come from (its `tool_path`, when it has one)."""
+    return base_env(getattr(cfg, "tool_path", None) or [])
+
+
 def fork_server(env: dict, warm: tuple[str, ...] = (), light: bool = False):
     """This process's fork server for an environment and set of warm modules (the runners its
     children run, imported once), started on first use and restarted if it died. `light`: one
@@ -236,7 +241,7 @@ def run_child(
     from opsynth.runtime import isolation
 
     isolated = isolation_enabled(getattr(cfg, "isolation", "auto"))
-    base = base_env(getattr(cfg, "tool_path", None) or [])
+    base = server_env(cfg)
     t_server = time.perf_counter()
     srv = fork_server(base, tuple(warm), light)
     server_wait_s = round(time.perf_counter() - t_server, 3)
