@@ -381,12 +381,17 @@ def _grpo_trainer(settings: TrainSettings, rows, model, tokenizer, chat: bool, b
     records = [prompt_fn(r) if prompt_fn else prompt_record(r, chat, brief) for r in rows]
     tasks = {prompt_key(rec["prompt"]): row for rec, row in zip(records, rows)}
     args = grpo_config(settings)
+    evaluator = evaluate_many_fn if evaluate_many_fn is not None else reward_cluster_evaluator(settings)
     reward_fn = KernelReward(
         reward_env_config(settings),
         completion_to_candidate=completion_to_candidate,
         log_path=run.evaluations,
-        evaluate_many_fn=evaluate_many_fn if evaluate_many_fn is not None else reward_cluster_evaluator(settings),
+        evaluate_many_fn=evaluator,
     )
+    if evaluator is None:  # rewards in this process: its fork servers start while the first completions are sampled
+        from opsynth.reward.servers import prestart
+
+        prestart(reward_fn.eval_cfg)
     episode = settings.episode()
     rollout = MultiTurnRollout(reward_fn, episode, chat, tasks, feedback=feedback_fn)
     run.start_fresh()
