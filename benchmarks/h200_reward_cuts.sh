@@ -9,13 +9,35 @@
 #    and cold first, with which headers the builds took.
 # The number of measuring children in flight, measured (issue 28): THROUGHPUT_ARGS="--skip-distinct
 # --group-sweep 12,16" times the GRPO-shaped phase at the default 8, then at 12 and 16 (fresh bodies each).
-# Results in $OUT: cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
+# Results in $OUT: probes.log, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 HF_HUB_OFFLINE=1
 [ -x .tools/ccache/ccache ] && export OPSYNTH_CCACHE=$PWD/.tools/ccache/ccache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
+# 0. Probes (about 30 s): the fork servers' imports (full, light), and the outputs channel on this kernel
+#    (a memfd sealed and mapped: the reward's judging depends on it; where it cannot seal, a copy is judged).
+{ for m in "torch" "torch, opsynth.reward.guards, opsynth.reward.candidate_runner, opsynth.reward.build_runner" \
+    "torch, torch.nn.functional, torch.profiler, torch._dynamo, opsynth.reward.guards, opsynth.reward.candidate_runner, opsynth.reward.reference_runner, opsynth.reward.build_runner, opsynth.reward.baseline_runner"; do
+    /usr/bin/time -f "%e s import: $m" python3 -c "import $m" 2>&1 | tail -1; done
+  python3 - <<'PROBE'
+import fcntl, io, os, time, torch
+from opsynth.reward.outputs_file import OutputsChannel, seal
+x = {"trials": [[torch.randn(512, 32768)] for _ in range(5)]}
+with OutputsChannel("probe") as ch:
+    t0 = time.perf_counter()
+    with os.fdopen(os.dup(ch.fd), "wb") as f:
+        torch.save(x, f)
+    t1 = time.perf_counter()
+    sealed = seal(ch.fd)
+    out = ch.read()
+    t2 = time.perf_counter()
+    same = all(torch.equal(a[0], b[0]) for a, b in zip(out["trials"], x["trials"]))
+    print(f"channel: sealed {sealed}, loaded equal {same}, {ch.size() >> 20} MB, save {t1 - t0:.3f} s, seal+load {t2 - t1:.3f} s")
+PROBE
+} > "$OUT/probes.log" 2>&1
+echo "probes:"; cat "$OUT/probes.log"
 timeout ${CLI_S:-150} python3 benchmarks/cli_eval_kb.py --settings true --timeout 120 --out "$OUT/cli_eval_kb_h200.json" > "$OUT/cli_eval_kb.log" 2>&1
 echo "cli_eval_kb rc=$?"; tail -5 "$OUT/cli_eval_kb.log"
 timeout ${RUN_S:-390} python3 benchmarks/reward_throughput.py --baseline-count 2 --isolation auto ${THROUGHPUT_ARGS:-} \
