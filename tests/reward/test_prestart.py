@@ -3,7 +3,8 @@ import that leaves torch for later so that the start can come first.
 
 The command line's `evaluate` on a cold process waited for its fork servers after its own imports
 (5 s on the H200 before `evaluate()` began, then the servers' start). It now starts them before it
-imports torch, and the evaluation finds them started: the same keys `run_child` asks for.
+imports torch; that the evaluation then finds them started is tested with the servers
+(`tests/runtime/test_fork_servers.py`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
-
-from opsynth.reward.eval_types import BUILD_RUNNERS, RUNNERS, RewardConfig
-from opsynth.runtime import sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 CANDS = Path(__file__).parent / "candidates"
@@ -46,40 +42,6 @@ def test_the_package_and_its_config_import_without_torch_and_evaluate_stays_the_
     assert "torch before: False" in out, out
     assert "function: True" in out, out
     assert "module: module" in out, out
-
-
-class _Started:
-    starts: list = []
-
-    def __init__(self, env, warm=(), base=()):
-        time.sleep(0.2)
-        _Started.starts.append((tuple(warm), base))
-
-    def alive(self):
-        return True
-
-    def close(self):
-        pass
-
-
-def test_prestart_starts_the_servers_the_evaluation_then_uses(monkeypatch):
-    import opsynth.runtime.forkserver as fs
-    from opsynth.reward.servers import prestart
-
-    monkeypatch.setattr(fs, "ForkServer", _Started)
-    monkeypatch.setattr(sandbox, "_servers", {})
-    monkeypatch.setattr(sandbox, "_starting", {})
-    _Started.starts = []
-    cfg = RewardConfig(device="cpu")
-    threads = prestart(cfg)
-    assert all(isinstance(t, threading.Thread) for t in threads)
-    for t in threads:
-        t.join(10)
-    assert sorted(w for w, _ in _Started.starts) == sorted([BUILD_RUNNERS, RUNNERS])
-    # what run_child asks for (its environment from the same tool path) is what was started: no second start
-    env = sandbox.server_env(cfg)
-    full, light = sandbox.fork_server(env, RUNNERS, False), sandbox.fork_server(env, BUILD_RUNNERS, True)
-    assert len(_Started.starts) == 2 and full is not light
 
 
 def test_the_command_line_starts_the_servers_before_it_imports_torch(tmp_path):

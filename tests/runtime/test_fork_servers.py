@@ -69,13 +69,15 @@ def test_a_light_servers_children_start_without_dynamo(tmp_path):
 
 
 class _SlowServer:
-    """Stands in for ForkServer: a start that takes START_S."""
+    """Stands in for ForkServer: a start that takes START_S, recorded in `starts`."""
 
     START_S = 1.0
+    starts: list = []
 
     def __init__(self, env, warm=(), base=()):
         time.sleep(self.START_S)
         self.base = base
+        _SlowServer.starts.append((tuple(warm), base))
 
     def alive(self):
         return True
@@ -84,12 +86,18 @@ class _SlowServer:
         pass
 
 
-def test_servers_of_different_kinds_start_side_by_side(monkeypatch):
+def _fake_servers(monkeypatch, start_s: float) -> None:
     import opsynth.runtime.forkserver as fs
 
     monkeypatch.setattr(fs, "ForkServer", _SlowServer)
+    monkeypatch.setattr(_SlowServer, "START_S", start_s)
+    monkeypatch.setattr(_SlowServer, "starts", [])
     monkeypatch.setattr(sandbox, "_servers", {})
     monkeypatch.setattr(sandbox, "_starting", {})
+
+
+def test_servers_of_different_kinds_start_side_by_side(monkeypatch):
+    _fake_servers(monkeypatch, 1.0)
     got: dict = {}
 
     def start(light):
@@ -108,3 +116,21 @@ def test_servers_of_different_kinds_start_side_by_side(monkeypatch):
     t0 = time.monotonic()
     assert sandbox.fork_server({"PATH": "/bin"}, ("m",), True) is got[True]
     assert time.monotonic() - t0 < 0.5 * _SlowServer.START_S
+
+
+def test_prestart_starts_the_servers_the_evaluation_then_uses(monkeypatch):
+    """opsynth.reward.servers.prestart (the command line's, before its torch import): both kinds, with
+    the keys `run_child` then asks for, so the evaluation starts none of its own."""
+    from opsynth.reward.eval_types import BUILD_RUNNERS, RUNNERS, RewardConfig
+    from opsynth.reward.servers import prestart
+
+    _fake_servers(monkeypatch, 0.2)
+    cfg = RewardConfig(device="cpu")
+    threads = prestart(cfg)
+    assert len(threads) == 2
+    for t in threads:
+        t.join(10)
+    assert sorted(w for w, _ in _SlowServer.starts) == sorted([BUILD_RUNNERS, RUNNERS])
+    env = sandbox.server_env(cfg)
+    full, light = sandbox.fork_server(env, RUNNERS, False), sandbox.fork_server(env, BUILD_RUNNERS, True)
+    assert len(_SlowServer.starts) == 2 and full is not light
