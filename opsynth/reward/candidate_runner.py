@@ -284,19 +284,12 @@ def _stdin_in_place(torch) -> dict:
     of it the pipe itself)."""
     m = os.memfd_create("opsynth-inputs", os.MFD_CLOEXEC)
     try:
-        spliced = True
-        while True:
-            try:
-                n = os.splice(0, m, 1 << 22) if spliced else 0
-            except OSError:  # no splice into this file here (nothing was moved yet, or the pipe is drained)
-                spliced, n = False, 0
-            if not spliced:
-                chunk = os.read(0, 1 << 22)
-                n = len(chunk)
-                if n:
-                    os.write(m, chunk)
-            if not n:
-                break
+        try:
+            while os.splice(0, m, 1 << 22):
+                pass
+        except OSError:  # no splice into this file here: reads, from where it stopped
+            while chunk := os.read(0, 1 << 22):
+                os.write(m, chunk)
         path = f"/proc/self/fd/{m}"
         if os.path.exists(path):
             return torch.load(path, mmap=True, weights_only=True)

@@ -134,17 +134,16 @@ def read_channel(fd: int, max_bytes: int | None = None) -> dict:
     path = f"/proc/self/fd/{fd}"  # this process's own view of its descriptor: nothing the child named
     if sealed and not os.path.exists(path):
         sealed = False  # no /proc here: a copy
+    if sealed:
+        with open(path, "rb") as f:
+            check_zip(f, size, max_bytes)
+        source = path
+    else:
+        data = _private_copy(fd, size)
+        check_zip(io.BytesIO(data), len(data), max_bytes)
+        source = io.BytesIO(data)
     try:
-        if sealed:
-            with open(path, "rb") as f:
-                check_zip(f, size, max_bytes)
-            out = torch.load(path, mmap=True, weights_only=True)  # sealed: the mapping cannot change or shrink
-        else:
-            data = _private_copy(fd, size)
-            check_zip(io.BytesIO(data), len(data), max_bytes)
-            out = torch.load(io.BytesIO(data), weights_only=True)
-    except OutputsFileError:
-        raise
+        out = torch.load(source, mmap=sealed, weights_only=True)  # sealed: the mapping cannot change or shrink
     except Exception as e:  # UnpicklingError, RuntimeError from the zip reader, a refused global
         raise OutputsFileError(f"torch.load failed: {type(e).__name__}: {str(e)[:300]}") from None
     if not isinstance(out, dict):

@@ -2,8 +2,8 @@
 
 A cold evaluation waits first for its fork servers (torch imported, and for the full one Dynamo and
 the runners: about 13 s before the first build child on the H200). A caller that knows it will
-evaluate soon (the `pipelines.evaluate` command line before its own imports, a trainer before
-loading its model) starts them now, so that start overlaps its own work. Imports no torch: it
+evaluate soon (the `pipelines.evaluate` command line before its own imports, a trainer as it is
+built, before its first completions are sampled) starts them now, so that start overlaps its own work. Imports no torch: it
 runs before the caller's torch import. A start that fails here is left to the evaluation's own
 start, which reports it.
 """

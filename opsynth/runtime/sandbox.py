@@ -230,6 +230,9 @@ def run_child(
     `channels` names descriptors of the caller's that the child gets too (`opsynth.runtime.child.FDS`):
     the reward's outputs channel, a memfd the parent made and reads once the child has ended.
     """
+    taken = {"stdin", "log", "build"} & set(channels or {})
+    if taken:
+        raise ValueError(f"channel names {sorted(taken)} are taken by the sandbox's own descriptors")
     scratch = Path(scratch)
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     job = dict(job, timeout_s=timeout_s)
@@ -274,11 +277,7 @@ def run_child(
     t0 = time.perf_counter()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     r_in, w_in = os.pipe()
-    fds = {"stdin": r_in, "log": log_fd}
-    for name, fd in (channels or {}).items():
-        if name in ("stdin", "log", "build"):
-            raise ValueError(f"channel name {name!r} is taken by the sandbox's own descriptors")
-        fds[name] = fd  # sent to the server as a copy: the caller's descriptor stays the caller's
+    fds = {"stdin": r_in, "log": log_fd, **(channels or {})}  # channels: sent as copies, the caller's stay its own
     parent_sock = None
     if build_handler is not None:
         parent_sock, child_sock = socket.socketpair()
