@@ -9,7 +9,7 @@
 #    and cold first, with which headers the builds took.
 # The number of measuring children in flight, measured (issue 28): THROUGHPUT_ARGS="--skip-distinct
 # --group-sweep 12,16" times the GRPO-shaped phase at the default 8, then at 12 and 16 (fresh bodies each).
-# Results in $OUT: probes.log, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
+# Results in $OUT: probes.log, cuda_ipc_probe.json, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 HF_HUB_OFFLINE=1
@@ -36,6 +36,7 @@ with OutputsChannel("probe") as ch:
     same = all(torch.equal(a[0], b[0]) for a, b in zip(out["trials"], x["trials"]))
     print(f"channel: sealed {sealed}, loaded equal {same}, {ch.size() >> 20} MB, save {t1 - t0:.3f} s, seal+load {t2 - t1:.3f} s")
 PROBE
+  timeout 90 python3 benchmarks/cuda_ipc_probe.py --out "$OUT/cuda_ipc_probe.json"  # judging on the device: does CUDA IPC work here?
 } > "$OUT/probes.log" 2>&1
 echo "probes:"; cat "$OUT/probes.log"
 timeout ${CLI_S:-150} python3 benchmarks/cli_eval_kb.py --settings true --timeout 120 --out "$OUT/cli_eval_kb_h200.json" > "$OUT/cli_eval_kb.log" 2>&1
