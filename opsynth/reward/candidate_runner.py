@@ -685,5 +685,19 @@ def run(job: dict) -> dict:
     return build(job) if job["mode"] == "build" else measure(job)
 
 
+def prewarm(args: dict) -> None:
+    """A parked measuring child's start before its candidate exists (`opsynth.reward.ready_children`):
+    torch's CPU pools and, on CUDA, the context, the same calls `_prepare` makes (they are then warm).
+    Confined already; nothing untrusted has run and nothing of the job is known."""
+    import torch
+
+    if args.get("cpu_threads"):
+        torch.set_num_threads(int(args["cpu_threads"]))
+    torch.ones(1 << 20).add_(1)
+    if args.get("device") == "cuda":
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
     child_main(run)

@@ -87,6 +87,8 @@ class RewardConfig:
     measure_workers: int | None = None  # evaluate_many: children in flight (None: on cuda cpu_count without
     # prebuild, cores // 2 up to 8 with it; 1 on cpu); their checked and timed sections hold an exclusive
     # device lock, so only builds and start-up (imports, CUDA context, profiler) overlap
+    ready_children: int | None = None  # measuring children forked, confined and started (CUDA context) before their
+    # candidate arrives, each for one job (opsynth.reward.ready_children; None: on cuda min(4, measure_workers), 0 on cpu)
     keep_scratch: bool = False  # keep per-evaluation scratch dirs for debugging
     isolation: str = "auto"  # "auto"/"namespaces": confine every child (mount, net, pid namespaces), refuse
     # to run where that is impossible; "none": unconfined, with a warning (README: Reward isolation)
@@ -132,6 +134,8 @@ class RewardConfig:
             raise ValueError(f"reward.min_timed_calls must be >= 2 (the rounds compared in full are drawn among them), got {self.min_timed_calls}")
         if self.timing_block is not None and self.timing_block < 1:
             raise ValueError(f"reward.timing_block must be >= 1, got {self.timing_block}")
+        if isinstance(self.ready_children, bool) or (self.ready_children is not None and (not isinstance(self.ready_children, int) or self.ready_children < 0)):
+            raise ValueError(f"reward.ready_children must be an integer >= 0 or null, got {self.ready_children!r}")
         if self.baseline_drift < 1.0:
             raise ValueError(f"reward.baseline_drift must be >= 1, got {self.baseline_drift}")
 
@@ -177,6 +181,11 @@ class RewardConfig:
             return 1
         n = os.cpu_count() or 2
         return max(1, min(8, n // 2)) if self.resolved_prebuild(device) else n
+
+    def resolved_ready_children(self, device: str) -> int:
+        if self.ready_children is not None:
+            return int(self.ready_children)
+        return min(4, self.resolved_measure_workers(device)) if device == "cuda" else 0
 
     def resolved_cpu_threads(self, device: str) -> int | None:
         if self.cpu_threads:

@@ -238,8 +238,14 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     from opsynth.reward.baselines import Pacer
     from opsynth.reward.rounds import RoundSession, session_handler
 
+    from opsynth.reward import ready_children
+
     off = set(cfg.disabled_guards)
     times = {"candidate_ms": None, "eager_ms": ref.eager_ms, "compile_ms": ref.compile_ms, "floor_ms": ref.floor_ms}
+    parked = ready_children.take(cfg, device)  # a child forked and started ahead (its own scratch and channel), or None
+    if parked is not None:
+        scratch = parked.scratch
+    times["ready_child"] = parked is not None
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     fresh = "fresh_inputs" not in off
     pacer = Pacer(ref.baselines, cfg, device, _lock_path(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
@@ -251,15 +257,21 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     builds = build_service(cfg, device).session()  # a refused build decides the verdict, not the child
     from opsynth.reward.outputs_file import OutputsChannel
 
-    channel = OutputsChannel("opsynth-candidate-outputs")  # what the child's harness saves; read by _judge
+    # what the child's harness saves; read by _judge
+    channel = parked.channel if parked is not None else OutputsChannel("opsynth-candidate-outputs")
     if "outputs_file" in off:  # the control only: a file in the child's scratch, as before the channel
         job["outputs_path"] = str(scratch / "cand_outputs.pt")
     try:
         try:
-            res = builds.overrule(run_child("opsynth.reward.candidate_runner", job, scratch, cfg.run_timeout_s + cfg.build_timeout_s, cfg,
-                                            warm=RUNNERS, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
-                                            env_extra=device_env(cfg, device), on_start=pacer.set_pid,
-                                            channels={"outputs": channel.fd}))
+            timeout_s = cfg.run_timeout_s + cfg.build_timeout_s
+            if parked is not None:
+                res = parked.child.run(job, timeout_s, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
+                                       on_start=pacer.set_pid)
+            else:
+                res = run_child("opsynth.reward.candidate_runner", job, scratch, timeout_s, cfg,
+                                warm=RUNNERS, stdin_bytes=ref.data, build_handler=session_handler(rounds, builds),
+                                env_extra=device_env(cfg, device), on_start=pacer.set_pid, channels={"outputs": channel.fd})
+            res = builds.overrule(res)
         finally:
             pacer.close()  # the device lock and the quiet window, whatever the child did
         log = (build_log + "\n" + res.log).strip()
@@ -304,6 +316,8 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         return EvalResult(reward=reward, correct=True, reason="ok", times=times, log=log, device=device, details=details)
     finally:
         channel.close()  # the outputs loaded from it keep their mapping
+        if parked is not None:
+            _cleanup(parked.scratch, cfg)  # the batch cleans the candidate's own scratch
 
 
 def _reference_ms(ref: _Reference) -> float | None:
@@ -590,6 +604,9 @@ def _start_services(cfg: RewardConfig, device: str, say) -> None:
     except RuntimeError as e:
         raise RewardSetupError(str(e)) from None
     build_service(cfg, device, log=say)
+    from opsynth.reward import ready_children
+
+    ready_children.pool(cfg, device)  # measuring children forked and started while references and builds run
 
 
 def _build_distinct(batch: _Batch, digest):

@@ -51,6 +51,22 @@ BUILD_FD: int | None = None  # the child's end of its build channel, when it has
 FDS: dict[str, int] = {}  # every channel the parent handed this child, by name ("build", "outputs")
 
 
+def park(module: str, go_fd: int, prewarm: dict) -> None:
+    """A parked child (`sandbox.ParkedChild`), confined already: do the runner's job-independent
+    start-up (`module.prewarm(prewarm)`, e.g. a CUDA context), then wait for the parent's go byte,
+    written once this child's one job is in its scratch. End quietly when the parent closes the pipe
+    without one (its pool shut down): there is no job to report on."""
+    import importlib
+
+    fn = getattr(importlib.import_module(module), "prewarm", None)
+    if fn is not None:
+        fn(prewarm)
+    go = os.read(go_fd, 1)  # retried on EINTR by Python (PEP 475)
+    os.close(go_fd)
+    if not go:
+        os._exit(0)
+
+
 def run_job(module: str, job_path: str, fds: dict[str, int] | None = None) -> None:
     """Entry of a forked child: import the runner (already warm) and run it."""
     import importlib

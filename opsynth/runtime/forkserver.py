@@ -106,8 +106,10 @@ def _child(req: dict, fds: dict[str, int]) -> None:  # pragma: no cover - runs i
                 tuple(iso["ids"]) if iso.get("ids") else None, iso.get("syscall_filter", True), iso.get("private"),
             )
             os.chdir(req["cwd"])  # again: the old working folder is the one from before its writable bind
-        from opsynth.runtime.child import run_job
+        from opsynth.runtime.child import park, run_job
 
+        if "park" in req:  # forked ahead of its job (sandbox.ParkedChild): prepare, then wait for it
+            park(req["module"], extra.pop("go"), req["park"])
         run_job(req["module"], req["job_path"], fds=extra)
         code = 0
     except BaseException as e:  # noqa: BLE001 - report and die; the parent names the reason

@@ -230,17 +230,92 @@ def run_child(
     `channels` names descriptors of the caller's that the child gets too (`opsynth.runtime.child.FDS`):
     the reward's outputs channel, a memfd the parent made and reads once the child has ended.
     """
-    taken = {"stdin", "log", "build"} & set(channels or {})
-    if taken:
-        raise ValueError(f"channel names {sorted(taken)} are taken by the sandbox's own descriptors")
+    _check_channels(channels)
     scratch = Path(scratch)
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     job = dict(job, timeout_s=timeout_s)
     job_path = scratch / f"job_{module.rsplit('.', 1)[-1]}_{job.get('mode', 'run')}.json"
     job_path.write_text(json.dumps(job))
-    result_path = Path(job["result_path"])
-    result_path.unlink(missing_ok=True)
-    log_path = job_path.with_suffix(".log")
+    Path(job["result_path"]).unlink(missing_ok=True)
+    child = _spawn(module, job_path, scratch, cfg, job.get("cpu_threads", getattr(cfg, "cpu_threads", None)),
+                   job.get("device_lock"), writable, env_extra, readable, shared_ids, warm, channels, light,
+                   build=build_handler is not None)
+    if isinstance(child, ChildResult):
+        return child
+    return child.finish(Path(job["result_path"]), timeout_s, stdin_bytes, build_handler, on_start)
+
+
+def _check_channels(channels: dict | None) -> None:
+    taken = {"stdin", "log", "build", "go"} & set(channels or {})
+    if taken:
+        raise ValueError(f"channel names {sorted(taken)} are taken by the sandbox's own descriptors")
+
+
+class _Spawned:
+    """A forked, confined child and the parent's ends of its descriptors, until `finish` waits for it."""
+
+    def __init__(self, srv, job, w_in: int, parent_sock, log_path: Path, server_wait_s: float, go_w: int | None = None):
+        self.srv, self.job, self.w_in, self.parent_sock = srv, job, w_in, parent_sock
+        self.log_path, self.server_wait_s, self.go_w = log_path, server_wait_s, go_w
+        self.t0 = time.perf_counter()
+
+    def finish(self, result_path: Path, timeout_s: float, stdin_bytes: bytes | None, build_handler, on_start) -> ChildResult:
+        """Serve the child (its stdin, its build channel), wait for it, read its verdict."""
+        srv, child = self.srv, self.job
+        if on_start is not None:
+            on_start(child.pid)
+        if self.parent_sock is not None:
+            if build_handler is not None:
+                threading.Thread(target=_serve_builds, args=(self.parent_sock, build_handler), daemon=True).start()
+            else:
+                self.parent_sock.close()
+        feeder = threading.Thread(target=_feed, args=(self.w_in, stdin_bytes or b""), daemon=True)
+        feeder.start()
+        rc = srv.wait(child, timeout_s)
+        timed_out = rc is None
+        if timed_out:
+            kill_group(child.pid)
+            rc = srv.wait(child, 30)
+        child.close()
+        feeder.join(timeout=5)
+        wall = time.perf_counter() - self.t0
+        log = self.log_path.read_text(errors="replace")[-LOG_LIMIT:]
+        sw = self.server_wait_s
+        if timed_out:
+            return ChildResult("timeout", {}, log + f"\n[sandbox] killed after {timeout_s:.0f} s", wall, sw)
+        if rc == 3 and "IsolationError" in log:
+            return ChildResult("isolation_failed", {}, log, wall, sw)
+        if result_path.exists():
+            try:
+                data = json.loads(result_path.read_text())
+            except json.JSONDecodeError:
+                data = {"reason": "crashed"}
+            if not isinstance(data, dict):
+                data = {"reason": "crashed"}
+            return ChildResult(str(data.get("reason", "crashed")), data, log, wall, sw)
+        how = f"signal {-rc}" if rc is not None and rc < 0 else f"exit code {rc}"
+        return ChildResult("crashed", {}, log + f"\n[sandbox] child ended with {how} and no verdict", wall, sw)
+
+    def close(self) -> None:
+        """Kill a child that will not be finished (a parked one never used): the server kills it when
+        its connection closes."""
+        for fd in (self.w_in, self.go_w):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.w_in = self.go_w = None
+        if self.parent_sock is not None:
+            self.parent_sock.close()
+        self.job.close()
+
+
+def _spawn(module: str, job_path: Path, scratch: Path, cfg, cpu_threads, device_lock, writable, env_extra, readable,
+           shared_ids: bool, warm, channels: dict | None, light: bool, build: bool, park: dict | None = None):
+    """Fork one confined child from the fork server; a `ChildResult` (crashed) when it cannot start.
+    `park`: the child prepares (`module.prewarm(park)`) and then waits for a byte on its go pipe
+    before it reads its job (`ParkedChild`)."""
     from opsynth.runtime import isolation
 
     isolated = isolation_enabled(getattr(cfg, "isolation", "auto"))
@@ -248,7 +323,7 @@ def run_child(
     t_server = time.perf_counter()
     srv = fork_server(base, tuple(warm), light)
     server_wait_s = round(time.perf_counter() - t_server, 3)
-    env = job_env(base, scratch, job.get("cpu_threads", getattr(cfg, "cpu_threads", None)), env_extra)
+    env = job_env(base, scratch, cpu_threads, env_extra)
     cache_dir = cfg.resolved_cache_dir()
     ids = None
     if isolated and os.getuid() == 0:
@@ -267,62 +342,110 @@ def run_child(
             "hidden": [str(cache_dir / "trust")] if (cache_dir / "trust").is_dir() else [],
             "must_not_write": [str(cache_dir), str(REPO_ROOT), str(Path(sys.prefix))],
             "readable": isolation.readable_paths([str(cache_dir / "ext"), str(cache_dir / "bin"), *map(str, readable),
-                                                  *lock_files(job.get("device_lock"))]),
+                                                  *lock_files(device_lock)]),
             "ids": ids,
             "syscall_filter": getattr(cfg, "syscall_filter", True),
             # The caller's home and temporary folders, named here: the child's environment is its job's
             "private": isolation.private_folders(switched=ids is not None),
         },
     }
-    t0 = time.perf_counter()
+    if park is not None:
+        req["park"] = park
+    log_path = job_path.with_suffix(".log")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     r_in, w_in = os.pipe()
     fds = {"stdin": r_in, "log": log_fd, **(channels or {})}  # channels: sent as copies, the caller's stay its own
-    parent_sock = None
-    if build_handler is not None:
+    go_r = go_w = None
+    if park is not None:
+        go_r, go_w = os.pipe()
+        fds["go"] = go_r
+    parent_sock = child_sock = None
+    if build:
         parent_sock, child_sock = socket.socketpair()
         fds["build"] = child_sock.fileno()
+    t0 = time.perf_counter()
     try:
         child = srv.spawn(req, fds)
     except Exception as e:
-        for fd in (r_in, w_in, log_fd):
-            os.close(fd)
+        for fd in (r_in, w_in, log_fd, go_r, go_w):
+            if fd is not None:
+                os.close(fd)
         if parent_sock is not None:
             parent_sock.close()
             child_sock.close()
-        return ChildResult("crashed", {}, f"[sandbox] could not start the child: {e}", time.perf_counter() - t0, server_wait_s)
-    os.close(r_in)
-    os.close(log_fd)
-    if on_start is not None:
-        on_start(child.pid)
-    if parent_sock is not None:
+        return ChildResult("crashed", {}, f"[sandbox] could not start the child: {e}", 0.0, server_wait_s)
+    for fd in (r_in, log_fd, go_r):
+        if fd is not None:
+            os.close(fd)
+    if child_sock is not None:
         child_sock.close()
-        threading.Thread(target=_serve_builds, args=(parent_sock, build_handler), daemon=True).start()
-    feeder = threading.Thread(target=_feed, args=(w_in, stdin_bytes or b""), daemon=True)
-    feeder.start()
-    rc = srv.wait(child, timeout_s)
-    timed_out = rc is None
-    if timed_out:
-        kill_group(child.pid)
-        rc = srv.wait(child, 30)
-    child.close()
-    feeder.join(timeout=5)
-    wall = time.perf_counter() - t0
-    log = log_path.read_text(errors="replace")[-LOG_LIMIT:]
-    if timed_out:
-        return ChildResult("timeout", {}, log + f"\n[sandbox] killed after {timeout_s:.0f} s", wall, server_wait_s)
-    if rc == 3 and "IsolationError" in log:
-        return ChildResult("isolation_failed", {}, log, wall, server_wait_s)
-    if result_path.exists():
+    spawned = _Spawned(srv, child, w_in, parent_sock, log_path, server_wait_s, go_w)
+    spawned.t0 = t0
+    return spawned
+
+
+class ParkedChild:
+    """A confined child forked before its job exists: it has done what every job of its kind needs
+    (fork, confinement, `module.prewarm(prewarm)`: a CUDA context, for the reward's measuring child)
+    and waits for exactly one job; `run` hands it over and waits like `run_child`. It never runs a
+    second job: a child that ran one candidate is never trusted with another.
+
+    Its scratch folder is fixed when it is forked (the confinement binds it): the caller writes the
+    job's files there (`scratch`) before `run`, and the `channels` it was given are its job's."""
+
+    def __init__(self, module: str, scratch: Path, cfg, *, cpu_threads=None, env_extra: dict | None = None,
+                 writable=(), readable=(), shared_ids: bool = False, warm=(), light: bool = False,
+                 channels: dict[str, int] | None = None, build: bool = False, prewarm: dict | None = None):
+        _check_channels(channels)
+        self.module, self.scratch = module, Path(scratch)
+        (self.scratch / "tmp").mkdir(parents=True, exist_ok=True)
+        self.job_path = self.scratch / f"job_{module.rsplit('.', 1)[-1]}_parked.json"
+        self._ids = None
+        spawned = _spawn(module, self.job_path, self.scratch, cfg, cpu_threads, None, writable, env_extra, readable,
+                         shared_ids, warm, channels, light, build, park=dict(prewarm or {}))
+        if isinstance(spawned, ChildResult):
+            raise RuntimeError(spawned.log)
+        self._spawned = spawned
+        self.pid = spawned.job.pid
+        self.used = False
+
+    def alive(self) -> bool:
+        """False once the child has ended (its exit code waits on the connection) or was used."""
+        if self.used or self._spawned.go_w is None:
+            return False
+        import select
+
+        readable, _, _ = select.select([self._spawned.job.sock], [], [], 0)
+        return not readable
+
+    def run(self, job: dict, timeout_s: float, stdin_bytes: bytes | None = None,
+            build_handler: Callable[[dict], dict] | None = None, on_start: Callable[[int], None] | None = None) -> ChildResult:
+        """Give the child its one job (written to its scratch, handed to its uid) and wait for it."""
+        if self.used:
+            raise RuntimeError("a parked child runs exactly one job")
+        self.used = True
+        sp = self._spawned
+        job = dict(job, timeout_s=timeout_s)
+        result_path = Path(job["result_path"])
+        result_path.unlink(missing_ok=True)
+        self.job_path.write_text(json.dumps(job))
+        st = os.stat(self.scratch)
+        if os.getuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):  # what the parent wrote since the fork: the child's
+            hand_over([str(self.scratch)], (st.st_uid, st.st_gid), recursive=True)
+        sp.t0 = time.perf_counter()
         try:
-            data = json.loads(result_path.read_text())
-        except json.JSONDecodeError:
-            data = {"reason": "crashed"}
-        if not isinstance(data, dict):
-            data = {"reason": "crashed"}
-        return ChildResult(str(data.get("reason", "crashed")), data, log, wall, server_wait_s)
-    how = f"signal {-rc}" if rc is not None and rc < 0 else f"exit code {rc}"
-    return ChildResult("crashed", {}, log + f"\n[sandbox] child ended with {how} and no verdict", wall, server_wait_s)
+            os.write(sp.go_w, b"g")
+        except OSError:
+            pass  # it died while parked: finish reports how
+        os.close(sp.go_w)
+        sp.go_w = None
+        return sp.finish(result_path, timeout_s, stdin_bytes, build_handler, on_start)
+
+    def close(self) -> None:
+        """Kill it if it was never used."""
+        if not self.used:
+            self.used = True
+            self._spawned.close()
 
 
 def _feed(fd: int, data: bytes) -> None:
