@@ -404,6 +404,10 @@ def main() -> None:
     ap.add_argument("--measure-workers", type=int, default=None)
     ap.add_argument("--group-sweep", default="", help="after the GRPO-shaped phase, the same shape again (fresh kernel "
                     "bodies) with each of these measure-worker counts, e.g. 12,16: the number in flight, measured")
+    ap.add_argument("--ready-children", type=int, default=None, help="reward.ready_children (default: the config's: "
+                    "on cuda min(4, measure workers))")
+    ap.add_argument("--ready-sweep", default="", help="after the GRPO-shaped phase (and its sweep), the same shape again "
+                    "with each of these reward.ready_children counts, e.g. 0,8: measuring children parked ahead, measured")
     ap.add_argument("--skip-distinct", action="store_true", help="skip the one-at-a-time and distinct phases (a sweep's call)")
     ap.add_argument("--no-shared-pch", action="store_true", help="build without the shared precompiled torch/extension.h")
     ap.add_argument("--ccache", default="auto", help="reward.ccache: auto, false, or a path")
@@ -425,7 +429,7 @@ def main() -> None:
     cache = args.cache_dir or tempfile.mkdtemp(prefix="reward_bench_")
     cfg = RewardConfig(device=device, cache_dir=cache, build_workers=args.build_workers,
                        measure_workers=args.measure_workers, shared_pch=not args.no_shared_pch,
-                       ccache=args.ccache, isolation=args.isolation)
+                       ccache=args.ccache, isolation=args.isolation, ready_children=args.ready_children)
     run_salt = int(time.time()) % 100000 * 1000  # fresh sources even with a reused cache dir
     style = "light" if device == "cuda" else "heavy"
     out = {
@@ -441,6 +445,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "build_workers": cfg.resolved_build_workers(device),
         "measure_workers": cfg.resolved_measure_workers(device),
+        "ready_children": cfg.resolved_ready_children(device),
         "shared_pch": cfg.shared_pch,
         "tasks": tasks,
         "torch": torch.__version__,
@@ -490,6 +495,7 @@ def main() -> None:
         pcfg = pcfg or cfg
         rec = out["phases"].setdefault(name, {})
         rec["measure_workers"] = pcfg.resolved_measure_workers(device)
+        rec["ready_children"] = pcfg.resolved_ready_children(device)
         before, ext_before = ccache_stats(svc.ccache, svc.cache_dir), svc.stats.as_dict()
         t0 = time.perf_counter()
         done: list = []
@@ -520,6 +526,7 @@ def main() -> None:
                    headers={k2: ext_after[k2] - ext_before[k2] for k2 in ("lean_cuda", "lean_fallbacks", "light_headers", "light_fallbacks")},
                    **_tu(before, ccache_stats(svc.ccache, svc.cache_dir)),
                    **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in PHASES},
+                   ready_handed=sum(1 for r in results if r.times.get("ready_child")),  # measured in a parked child
                    median_rounds=_median((r.details.get("rounds") or {}).get("total") for r in results),  # timed rounds a candidate ran
                    rounds_by_pass={k2: sum((r.details.get("rounds") or {}).get(k2) or 0 for r in results)
                                    for k2 in ("warmup", "main", "extended", "remeasure", "total")})
@@ -546,6 +553,8 @@ def main() -> None:
     # 5. The same shape with other numbers of children in flight (fresh bodies: each group builds its own)
     for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):
         phase(f"group_w{n}", group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
+    for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):
+        phase(f"group_r{n}", group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))
     names = [p for p in ("distinct", "group") if p in out["phases"]]
     tu_h = sum(out["phases"][p]["tu_hits"] for p in names)
     tu_n = sum(out["phases"][p]["tu_compiles"] for p in names)
@@ -555,11 +564,12 @@ def main() -> None:
     save()
     print()
     print(f"{'phase':<15}{'in flight':>10}{'evals':>7}{'seconds':>10}{'evals/min':>11}{'TU hits':>9}{'ext hits':>10}"
-          f"{'setup_s':>9}{'locked_s':>10}{'prebuild_wall':>14}{'judge_s':>9}{'lock wait':>10}")
+          f"{'setup_s':>9}{'locked_s':>10}{'prebuild_wall':>14}{'judge_s':>9}{'lock wait':>10}{'cuda_init':>10}{'ready':>7}")
     for name, rec in out["phases"].items():
         print(f"{name:<15}{rec['measure_workers']:>10}{rec['count']:>7}{rec['seconds']:>10}{rec['evals_per_min']:>11}{rec['tu_hits']:>4}/{rec['tu_compiles']:<4}"
               f"{rec['ext_hits']:>5}/{rec['ext_requests']:<4}{str(rec['median_setup_s']):>9}{str(rec['median_locked_s']):>10}{str(rec['median_prebuild_wall_s']):>14}"
-              f"{str(rec['median_judge_s']):>9}{str(rec['median_timing_wait_s']):>10}")
+              f"{str(rec['median_judge_s']):>9}{str(rec['median_timing_wait_s']):>10}{str(rec.get('median_cuda_init_s')):>10}"
+              f"{rec.get('ready_handed', 0):>3}/{rec.get('ready_children', 0):<3}")
     print(f"cold first evaluation: {out['cold_first_eval_s']} s; cache hit rate (translation units, distinct+group): {out['cache_hit_rate']}")
     print(f"device: {out['device']}; isolation {args.isolation}; build workers {out['build_workers']}, measure workers "
           f"{out['measure_workers']}, ccache {out['ccache_path']}; wrote {args.out}")
