@@ -836,6 +836,4 @@ def main_json(task_path: str, candidate_path: str, cfg: RewardConfig | None = No
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience
-    import sys
-
     print(json.dumps(main_json(sys.argv[1], sys.argv[2])))

@@ -319,7 +319,7 @@ def _load_policy(settings: TrainSettings, rows: list[dict[str, Any]], brief: str
             revisions = revision_examples(examples, seed=settings.policy.smoke.seed)
         print(f"[train] smoke policy: warm start on {len(examples)} of {len(rows)} tasks' "
               f"{'CUDA' if device == 'cuda' else 'C++'} programs"
-              + (f" (every one opsynth.train.warm_start can write)" if n is None and examples else "")
+              + (" (every one opsynth.train.warm_start can write)" if n is None and examples else "")
               + ("" if examples else " (none of these tasks is one opsynth.train.warm_start can write; "
                  "the smoke policy will not write programs)"), flush=True)
     with PartialState().main_process_first():
