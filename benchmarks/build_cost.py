@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--arch", default="90", help="CUDA compute capability for the .cu rows (default: 90, Hopper)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "build_cost_cpu.json"))
+    ap.add_argument("--lean-only", action="store_true", help="only the lean .cu rows (nvcc as is, and its front ends side by side)")
     args = ap.parse_args()
 
     import torch
@@ -122,13 +123,13 @@ def main() -> None:
     base = [cxx, "-DTORCH_EXTENSION_NAME=bench_ext", *flags, "-c", str(main_cpp), "-o", str(Path(work, "main.o"))]
 
     t0 = time.perf_counter()
-    pch = pch_include_dir(work, ["-O3"], log=print)
+    pch = None if args.lean_only else pch_include_dir(work, ["-O3"], log=print)
     pch_s = time.perf_counter() - t0
     # opsynth.reward.light_headers: the light torch/extension.h first on the include path, before its
     # PCH exists (a cold build; another root) and with it
     light_cold = light_include_dir(Path(work, "cold"), ["-O3"], False)
     t0 = time.perf_counter()
-    light_pch = pch_include_dir(work, ["-O3"], log=print, light=True)
+    light_pch = None if args.lean_only else pch_include_dir(work, ["-O3"], log=print, light=True)
     light_pch_s = time.perf_counter() - t0
 
     def with_dir(d):
@@ -137,6 +138,8 @@ def main() -> None:
     for label, cmd in [("main.cpp (bindings), plain", base), ("main.cpp (bindings), shared PCH", with_dir(pch)),
                        ("main.cpp (bindings), light header, no PCH yet", with_dir(light_cold)),
                        ("main.cpp (bindings), light header and its PCH", with_dir(light_pch))]:
+        if args.lean_only:
+            break
         if cmd is None:
             rows.append({"part": label, "seconds": None, "note": "no PCH (not gcc?)"})
             continue
@@ -170,11 +173,19 @@ def main() -> None:
                                                   ("cuda.cu, torch headers (heavy)", HEAVY_CU, []),
                                                   ("cuda.cu, heavy, light torch/extension.h", HEAVY_CU, ["-I", light_cold]),
                                                   ("cuda.cu, heavy, light torch/extension.h + lean torch/types.h", HEAVY_CU, lean)]):
+            if args.lean_only and first is not lean:
+                continue
             src = Path(work, f"cu{i}.cu")
             src.write_text(text)
             s, err, c = _time([nvcc, *first, *nvflags, "-c", str(src), "-o", str(src.with_suffix(".o"))], args.repeats, work)
             rows.append({"part": label, "seconds": None if s is None else round(s, 2), "cpu_s": c and round(c, 2), "note": err})
             print(f"{label:<40} {s if s is None else round(s, 2)}", flush=True)
+            if first is lean:  # the same unit through opsynth.reward.nvcc_parallel (reward.parallel_nvcc): front ends side by side
+                label = "cuda.cu, lean, host and device front ends side by side"
+                s, err, c = _time([sys.executable, "-m", "opsynth.reward.nvcc_parallel", nvcc, *first, *nvflags, "-c", str(src),
+                                   "-o", str(src.with_suffix(".par.o"))], args.repeats, work)
+                rows.append({"part": label, "seconds": None if s is None else round(s, 2), "cpu_s": c and round(c, 2), "note": err})
+                print(f"{label:<40} {s if s is None else round(s, 2)}", flush=True)
         ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     shutil.rmtree(work, ignore_errors=True)
 

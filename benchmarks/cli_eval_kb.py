@@ -77,9 +77,9 @@ class ModelNew(nn.Module):
 TIMES = ("prebuild_s", "prebuild_wall_s", "build_s", "setup_s", "locked_s", "judge_s", "measure_wall_s")
 
 
-def evaluate(task: Path, cand: Path, cache: Path, light: bool, timeout: float) -> dict:
+def evaluate(task: Path, cand: Path, cache: Path, light: bool, timeout: float, extra: tuple = ()) -> dict:
     cmd = [sys.executable, "-m", "pipelines.evaluate", f"task={task}", f"candidate={cand}", "quiet=true",
-           f"reward.cache_dir={cache}", f"reward.light_headers={str(light).lower()}"]
+           f"reward.cache_dir={cache}", f"reward.light_headers={str(light).lower()}", *extra]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/cli_eval_kb.json"))
     ap.add_argument("--settings", default="true,false", help="light_headers values to run, in order")
     ap.add_argument("--timeout", type=float, default=280)
+    ap.add_argument("--parallel-nvcc", default="false", help="reward.parallel_nvcc values, in order (e.g. true,false: "
+                    "each setting's prime and warm runs in a cache of its own)")
     args = ap.parse_args()
 
     import torch
@@ -110,19 +112,22 @@ def main() -> None:
     warm.write_text(CANDIDATE.replace("BLOCK", "512"))
     out = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "cpu_count": os.cpu_count(),
            "torch": torch.__version__, "task": Path(args.task).name, "runs": []}
-    for light in [s.strip() == "true" for s in args.settings.split(",")]:
-        cache = work / f"cache_{'light' if light else 'as_written'}"
+    combos = [(light, par) for light in [s.strip() == "true" for s in args.settings.split(",")]
+              for par in [s.strip() == "true" for s in args.parallel_nvcc.split(",")]]
+    for light, par in combos:
+        cache = work / f"cache_{'light' if light else 'as_written'}{'_par' if par else ''}"
         for phase, cand in (("prime", prime), ("warm", warm)):
-            r = {"light_headers": light, "phase": phase, **evaluate(Path(args.task), cand, cache, light, args.timeout)}
+            r = {"light_headers": light, "parallel_nvcc": par, "phase": phase,
+                 **evaluate(Path(args.task), cand, cache, light, args.timeout, (f"reward.parallel_nvcc={str(par).lower()}",))}
             out["runs"].append(r)
             print(json.dumps(r), flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(out, indent=2))  # partial results survive a cut-off
     print()
-    print(f"{'light_headers':<20}{'phase':<7}{'wall s':>8}{'build s':>9}{'setup s':>9}{'locked s':>9}{'judge s':>9}  reward")
+    print(f"{'light_headers, parallel_nvcc':<30}{'phase':<7}{'wall s':>8}{'build s':>9}{'setup s':>9}{'locked s':>9}{'judge s':>9}  reward")
     for r in out["runs"]:
         b = r.get("prebuild_wall_s") or r.get("build_s")
-        print(f"{str(r['light_headers']):<20}{r['phase']:<7}{r['wall_s']:>8}{b if b is not None else '-':>9}"
+        print(f"{str(r['light_headers']) + ', ' + str(r.get('parallel_nvcc')):<30}{r['phase']:<7}{r['wall_s']:>8}{b if b is not None else '-':>9}"
               f"{r.get('setup_s') or '-':>9}{r.get('locked_s') or '-':>9}{r.get('judge_s') or '-':>9}  {r['reward']} {r['reason']}")
     # Where the CLI's wall goes: its own start (the command's wall less evaluate()'s), then the batch's
     # timeline (seconds into evaluate(): services up, reference ready, build asked for, build ended,

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -119,15 +120,40 @@ def ccache_dir(cache_dir: str | os.PathLike) -> Path:
     return Path(os.environ.get(CCACHE_DIR_ENV) or Path(cache_dir) / "ccache")
 
 
-def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
+def _nvcc_launcher(bindir: Path, nvcc: str) -> str:
+    """`bindir/nvcc`: nvcc through `opsynth.reward.nvcc_parallel` (its host and device front ends side
+    by side). Named nvcc so that ccache in front of it treats it as nvcc; the real nvcc's path is in
+    its text, so ccache's content check sees another nvcc as another compiler."""
+    launcher = bindir / "nvcc"
+    text = f'#!/bin/sh\nexec "{sys.executable}" -m opsynth.reward.nvcc_parallel "{nvcc}" "$@"\n'
+    if not launcher.is_file() or launcher.read_text() != text:
+        tmp = bindir / f".nvcc.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, launcher)
+    return str(launcher)
+
+
+def compiler_env(cache_dir: Path, ccache: str | None, parallel_nvcc: bool = False) -> dict[str, str]:
     """Environment for a build child: ccache as the compilers' launcher, its cache under the reward cache.
 
     Host compiler through a launcher script in CXX (torch runs CXX as one program), nvcc through
     PYTORCH_NVCC (which torch puts into its ninja file verbatim). torch's own automatic wrapper is
-    switched off so ccache is never stacked twice.
+    switched off so ccache is never stacked twice. `parallel_nvcc` (`reward.parallel_nvcc`): nvcc
+    through `opsynth.reward.nvcc_parallel`, without torch's dependency files (which nvcc writes in a
+    pass of its own; a build folder is built once, so ninja never reads them).
     """
+    nvcc = _nvcc_path()
+    env: dict[str, str] = {}
+    if parallel_nvcc and nvcc:
+        bindir = cache_dir / "bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        nvcc = _nvcc_launcher(bindir, nvcc)
+        env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
+        if not ccache:
+            env["PYTORCH_NVCC"] = nvcc
     if not ccache:
-        return {"TORCH_NO_COMPILER_WRAPPER": "1"}
+        return {"TORCH_NO_COMPILER_WRAPPER": "1", **env}
     bindir = cache_dir / "bin"
     bindir.mkdir(parents=True, exist_ok=True)
     cxx_real = shutil.which(os.environ.get("CXX", "c++")) or "c++"
@@ -139,6 +165,7 @@ def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
         tmp.chmod(0o755)
         os.replace(tmp, launcher)
     env = {
+        **env,
         "CXX": str(launcher),
         "TORCH_NO_COMPILER_WRAPPER": "1",
         "CCACHE_DIR": str(ccache_dir(cache_dir)),
@@ -150,7 +177,6 @@ def compiler_env(cache_dir: Path, ccache: str | None) -> dict[str, str]:
         "CCACHE_MAXSIZE": "20G",
         "CCACHE_COMPILERCHECK": "content",
     }
-    nvcc = _nvcc_path()
     if nvcc:
         env["PYTORCH_NVCC"] = f"{ccache} {nvcc}"
     return env
@@ -208,7 +234,7 @@ class BuildService:
         self.root = self.cache_dir / "ext"
         self.root.mkdir(parents=True, exist_ok=True)
         self.ccache = find_ccache(getattr(cfg, "ccache", "auto"))
-        self.env = compiler_env(self.cache_dir, self.ccache)
+        self.env = compiler_env(self.cache_dir, self.ccache, bool(getattr(cfg, "parallel_nvcc", False)))
         if self.ccache:
             ccache_dir(self.cache_dir).mkdir(parents=True, exist_ok=True)
         self.stats = BuildStats()

@@ -199,3 +199,23 @@ def test_a_stopped_candidates_queued_kernel_does_not_slow_its_baseline(quiet_res
     # the guard: no speed-up counted, and the baseline timed beside the attack reads as the twin's did
     assert hog.reason == "ok" and hog.reward <= honest.reward, (hog.times, hog.details.get("decision"))
     assert hog.times["eager_ms"] < 1.2 * honest.times["eager_ms"], (hog.times, honest.times)
+
+
+def test_kernels_built_with_the_front_ends_side_by_side_are_right(tmp_path):
+    """reward.parallel_nvcc (opsynth.reward.nvcc_parallel): kernels built that way are judged as when
+    nvcc builds them (the fused kernel correct and fast, a wrong one wrong, a slow one slow), a
+    KernelBench-layout candidate (its own .cu, torch headers in it, an anonymous-namespace-free
+    kernel beside its torch::Tensor wrapper) too."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from cli_eval_kb import CANDIDATE as KB
+
+    cfg = RewardConfig(device="cuda", cache_dir=str(tmp_path / "cache"), parallel_nvcc=True)
+    names = ["fast", "wrong", "slow_linear"]
+    results = evaluate_many([(CASES[n][0], cuda_candidate(n)) for n in names] + [(CHAIN, KB.replace("BLOCK", "256"))], cfg)
+    for n, r in zip(names, results):
+        _, reason, rewards = CASES[n]
+        assert r.reason.startswith(reason) and r.reward in rewards, (n, r.reason, r.log[-3000:])
+    kb = results[-1]
+    assert kb.reason == "ok" and kb.reward >= 2, (kb.reason, kb.log[-3000:])
