@@ -120,18 +120,23 @@ def ccache_dir(cache_dir: str | os.PathLike) -> Path:
     return Path(os.environ.get(CCACHE_DIR_ENV) or Path(cache_dir) / "ccache")
 
 
-def _nvcc_launcher(bindir: Path, nvcc: str) -> str:
-    """`bindir/nvcc`: nvcc through `opsynth.reward.nvcc_parallel` (its host and device front ends side
-    by side). Named nvcc so that ccache in front of it treats it as nvcc; the real nvcc's path is in
-    its text, so ccache's content check sees another nvcc as another compiler."""
-    launcher = bindir / "nvcc"
-    text = f'#!/bin/sh\nexec "{sys.executable}" -m opsynth.reward.nvcc_parallel "{nvcc}" "$@"\n'
+def _launcher(bindir: Path, name: str, text: str) -> str:
+    """`bindir/name`, a shell script with this text, replaced atomically when it differs."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    launcher = bindir / name
     if not launcher.is_file() or launcher.read_text() != text:
-        tmp = bindir / f".nvcc.{os.getpid()}"
+        tmp = bindir / f".{name}.{os.getpid()}"
         tmp.write_text(text)
         tmp.chmod(0o755)
         os.replace(tmp, launcher)
     return str(launcher)
+
+
+def _nvcc_launcher(bindir: Path, nvcc: str) -> str:
+    """`bindir/nvcc`: nvcc through `opsynth.reward.nvcc_parallel` (its host and device front ends side
+    by side). Named nvcc so that ccache in front of it treats it as nvcc; the real nvcc's path is in
+    its text, so ccache's content check sees another nvcc as another compiler."""
+    return _launcher(bindir, "nvcc", f'#!/bin/sh\nexec "{sys.executable}" -m opsynth.reward.nvcc_parallel "{nvcc}" "$@"\n')
 
 
 def compiler_env(cache_dir: Path, ccache: str | None, parallel_nvcc: bool = False) -> dict[str, str]:
@@ -144,29 +149,20 @@ def compiler_env(cache_dir: Path, ccache: str | None, parallel_nvcc: bool = Fals
     pass of its own; a build folder is built once, so ninja never reads them).
     """
     nvcc = _nvcc_path()
+    bindir = cache_dir / "bin"
     env: dict[str, str] = {}
     if parallel_nvcc and nvcc:
-        bindir = cache_dir / "bin"
-        bindir.mkdir(parents=True, exist_ok=True)
         nvcc = _nvcc_launcher(bindir, nvcc)
         env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
         if not ccache:
             env["PYTORCH_NVCC"] = nvcc
     if not ccache:
         return {"TORCH_NO_COMPILER_WRAPPER": "1", **env}
-    bindir = cache_dir / "bin"
-    bindir.mkdir(parents=True, exist_ok=True)
     cxx_real = shutil.which(os.environ.get("CXX", "c++")) or "c++"
-    launcher = bindir / "c++"
-    text = f'#!/bin/sh\nexec "{ccache}" "{cxx_real}" "$@"\n'
-    if not launcher.is_file() or launcher.read_text() != text:
-        tmp = bindir / f".c++.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, launcher)
+    launcher = _launcher(bindir, "c++", f'#!/bin/sh\nexec "{ccache}" "{cxx_real}" "$@"\n')
     env = {
         **env,
-        "CXX": str(launcher),
+        "CXX": launcher,
         "TORCH_NO_COMPILER_WRAPPER": "1",
         "CCACHE_DIR": str(ccache_dir(cache_dir)),
         "CCACHE_CONFIGPATH": _ccache_conf(cache_dir),

@@ -10,28 +10,19 @@ handed out; clear errors for a bad setting.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
+from test_reward_cpu import CHAIN
+from test_reward_cpu import _cfg as cpu_cfg
+from test_reward_cpu import cpu_candidate as cand
 
 from opsynth.reward import RewardConfig, evaluate_many, quiet, ready_children
 
 pytestmark = pytest.mark.timeout(1800)
 
-CANDS = Path(__file__).parent / "candidates"
-PRELUDE = (CANDS / "cpu" / "ext_prelude.py").read_text()
-CHAIN = (CANDS / "tasks" / "chain.py").read_text()
-
-
-def cand(name: str) -> str:
-    return PRELUDE + "\n" + (CANDS / "cpu" / f"{name}.py").read_text()
-
 
 def _cfg(cache: str, **kw) -> RewardConfig:
-    base = dict(device="cpu", cache_dir=cache, compile_baseline=False, static_check=False, warmup=5, repeats=21,
-                cpu_threads=1)
-    base.update(kw)
-    return RewardConfig(**base)
+    return cpu_cfg(cache, prebuild=True, **kw)  # the batch's usual path: builds first, then the measuring children
 
 
 @pytest.fixture
