@@ -87,7 +87,7 @@ class RewardConfig:
     build_workers: int | None = None  # evaluate_many with prebuild: parallel builds (None: cpu_count on
     # cuda, where the compilers have the cores to themselves; cpu_count // 2 on cpu)
     measure_workers: int | None = None  # evaluate_many: children in flight (None: on cuda cpu_count without
-    # prebuild, cores // 2 up to 8 with it; 1 on cpu); their checked and timed sections hold an exclusive
+    # prebuild, 3/4 of the cores up to 12 with it; 1 on cpu); their checked and timed sections hold an exclusive
     # device lock, so only builds and start-up (imports, CUDA context, profiler) overlap
     ready_children: int | None = None  # measuring children forked, confined and started (CUDA context) before their
     # candidate arrives, each for one job (opsynth.reward.ready_children; None: on cuda min(4, measure_workers), 0 on cpu)
@@ -182,7 +182,9 @@ class RewardConfig:
         if device != "cuda":
             return 1
         n = os.cpu_count() or 2
-        return max(1, min(8, n // 2)) if self.resolved_prebuild(device) else n
+        # three quarters of the cores up to 12 (H200, 16 cores, GRPO-shaped batches of 24: 12 in flight beat
+        # 8 and 16 on 2026-12-05 and 12-06; benchmarks/results/issue28_h200/README.md)
+        return max(1, min(12, 3 * n // 4)) if self.resolved_prebuild(device) else n
 
     def resolved_ready_children(self, device: str) -> int:
         if self.ready_children is not None:

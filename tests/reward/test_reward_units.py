@@ -162,8 +162,8 @@ def test_per_device_defaults_leave_cores_to_the_compilers(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     cfg = RewardConfig()
     # cuda: a top-level child per candidate (its builds go to the build service), one per core, then
-    # up to 8 measuring children; children fork from a warm server, so the second child is cheap
-    assert cfg.resolved_prebuild("cuda") and cfg.resolved_build_workers("cuda") == 16 and cfg.resolved_measure_workers("cuda") == 8
+    # up to 12 measuring children (3/4 of the cores); children fork from a warm server, so the second child is cheap
+    assert cfg.resolved_prebuild("cuda") and cfg.resolved_build_workers("cuda") == 16 and cfg.resolved_measure_workers("cuda") == 12
     inline = RewardConfig(prebuild=False)
     assert inline.resolved_measure_workers("cuda") == 16
     # cpu: builds first (they would skew timings), half the cores, one measurement at a time
