@@ -10,5 +10,6 @@ from opsynth.cluster.profiles import (
     start_cluster,
     visible_gpus,
 )
+from opsynth.cluster.workers import cluster_workers
 
-__all__ = ["KINDS", "ClusterConfig", "ClusterError", "ClusterHandle", "ClusterLost", "start_cluster", "visible_gpus"]
+__all__ = ["KINDS", "ClusterConfig", "ClusterError", "ClusterHandle", "ClusterLost", "start_cluster", "visible_gpus", "cluster_workers"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from opsynth.cluster.slurm import ClusterError, ClusterLost  # noqa: F401  (re-exported: what a run may raise)
+from opsynth.cluster.workers import cluster_workers
 
 KINDS = ("local", "local_cuda", "slurm", "scheduler")
 
@@ -123,7 +124,7 @@ def start_cluster(cfg: ClusterConfig, run_dir: str | os.PathLike | None = None) 
         client, cluster, slots, cleanup = start_slurm(cfg, run_dir)
         return ClusterHandle(client, cluster, cfg.kind, slots, cfg.gpu, cleanup)
     client = Client(cfg.address)
-    info = client.scheduler_info()
-    slots = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()) or 1
-    gpu = any("GPU" in (w.get("resources") or {}) for w in info.get("workers", {}).values())
+    workers = cluster_workers(client)
+    slots = sum(w.get("nthreads", 1) for w in workers.values()) or 1
+    gpu = any("GPU" in (w.get("resources") or {}) for w in workers.values())
     return ClusterHandle(client, None, cfg.kind, slots, gpu)

@@ -789,8 +789,10 @@ def _evaluate_on_cluster(pairs: list, cfg: RewardConfig, client, on_result, prog
     """Split the batch by task over the workers (GPU workers when the cluster has them), one share each."""
     import dataclasses
 
+    from opsynth.cluster.workers import cluster_workers
+
     say = _sayer(progress)
-    workers = client.scheduler_info().get("workers", {})
+    workers = cluster_workers(client)
     gpu = {a: w for a, w in workers.items() if "GPU" in (w.get("resources") or {})}
     targets = sorted(gpu or workers)
     if not targets:

@@ -10,7 +10,7 @@ import pytest
 from pipeline_cli import generate_cmd, run_env, run_generate
 
 from opsynth.generate import candidate
-from opsynth.cluster import ClusterConfig, start_cluster
+from opsynth.cluster import ClusterConfig, cluster_workers, start_cluster
 from opsynth.shards import read_rows
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,7 @@ def test_local_cuda_starts_one_pinned_gpu_worker_per_device():
     n = torch.cuda.device_count()
     handle = start_cluster(ClusterConfig(kind="local_cuda", threads_per_worker=2))
     try:
-        workers = handle.client.scheduler_info()["workers"]
+        workers = cluster_workers(handle.client)
         assert len(workers) == n and handle.gpu_resource and handle.slots == 2 * n
         assert all(w["resources"] == {"GPU": 2} for w in workers.values())
         # the device each worker's verify pool gets, asked from inside a task on that worker

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from opsynth.cluster import cluster_workers
 from opsynth.reward import RewardConfig, evaluate_many
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -33,7 +34,7 @@ def test_cluster_rewards_equal_in_process(tmp_path):
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
         seen = []
         remote = evaluate_many(pairs, cfg, client=client, on_result=lambda i, r: seen.append(i))
-        workers = len(client.scheduler_info()["workers"])
+        workers = len(cluster_workers(client))
     assert workers == 2
     assert sorted(seen) == list(range(len(pairs)))
     got = [(r.reward, r.reason.split(":")[0]) for r in remote]
