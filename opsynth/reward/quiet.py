@@ -18,7 +18,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from opsynth.runtime.supervise import continue_pids, stop_tree
+from opsynth.runtime.supervise import continue_pids, stop_tree, stop_trees
 
 _lock = threading.Lock()
 _procs: dict[int, str] = {}  # pid -> what it is (for reports)
@@ -89,9 +89,11 @@ def window():
     global _depth
     with _lock:
         _depth += 1
-        if _depth == 1:
-            for pid in _procs:
-                _stop(pid)
+        if _depth == 1 and _procs:
+            now = time.perf_counter()
+            for pid, members in stop_trees(list(_procs)).items():  # one /proc listing for every tree
+                _stopped[pid] = members
+                _since.setdefault(pid, now)
     try:
         yield
     finally:

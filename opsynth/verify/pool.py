@@ -317,7 +317,7 @@ class WorkerPool:
         if not self.cfg.serialize_timing:
             return self.cfg, []
         path = device_lock_path(self.device, 0, env[LOCK_DIR_ENV], env)
-        paths = lock_files(path)  # the timing lock and the memory lock's two files
+        paths = lock_files(path)  # the timing lock and the memory lock's three files
         for p in paths:
             os.close(os.open(p, os.O_RDWR | os.O_CREAT, 0o644))
         return self.cfg, paths

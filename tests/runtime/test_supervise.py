@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from opsynth.runtime.supervise import continue_pids, process_state, stop_tree, tree_pids
+from opsynth.runtime.supervise import continue_pids, process_state, stop_tree, stop_trees, tree_pids
 
 SPIN = "import os, sys\nfor _ in range(2):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
 
@@ -17,6 +17,7 @@ SPIN = "import os, sys\nfor _ in range(2):\n    if os.fork() == 0:\n        brea
 def test_every_process_of_a_spinning_tree_reads_stopped_when_stop_tree_returns():
     proc = subprocess.Popen([sys.executable, "-c", SPIN])
     try:
+        time.sleep(0.3)  # let the children fork (each round stops the tree: a fork not made yet waits)
         for _ in range(40):
             pids = stop_tree(proc.pid)
             assert proc.pid in pids
@@ -27,6 +28,27 @@ def test_every_process_of_a_spinning_tree_reads_stopped_when_stop_tree_returns()
         assert process_state(proc.pid) in ("R", "S")  # continued
     finally:
         _kill_tree(proc)
+
+
+def test_several_trees_are_stopped_from_one_listing_each_under_its_own_top():
+    """The quiet window's form (`stop_trees`): every tree whole and stopped on return, each pid listed
+    under the tree it belongs to (continued tree by tree when the window closes)."""
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(3)]
+    try:
+        time.sleep(0.3)
+        for _ in range(10):
+            stopped = stop_trees([p.pid for p in procs])
+            for p in procs:
+                assert stopped[p.pid][0] == p.pid and sorted(stopped[p.pid]) == sorted(tree_pids(p.pid)), stopped
+                assert all(process_state(q) in ("T", "t") for q in stopped[p.pid]), stopped
+            assert len({q for ps in stopped.values() for q in ps}) == sum(len(ps) for ps in stopped.values()) >= 9
+            for ps in stopped.values():
+                continue_pids(ps)
+        assert stop_trees([procs[0].pid, 2**22 + 7])[2**22 + 7] == []  # a pid that is gone
+        continue_pids(tree_pids(procs[0].pid))
+    finally:
+        for p in procs:
+            _kill_tree(p)
 
 
 def test_control_without_the_wait_a_signalled_spinner_can_still_read_running():
