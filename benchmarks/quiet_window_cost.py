@@ -1,7 +1,8 @@
 """What opening a quiet window costs (`opsynth.reward.quiet.window`): every registered process tree
 (builds, idle baseline children, parked measuring children) stopped before a timing, inside the
 device lock. Per tree (`stop_tree` for each, one /proc listing per tree and pass) against all trees
-from one listing per pass (`stop_trees`, what the window does).
+from one listing per pass (`stop_trees`, what the window does), and with the trees known from their
+last stop (`known`: what the quiet module remembers; usually one listing in all).
 
     python benchmarks/quiet_window_cost.py                 # about 20 s
     python benchmarks/quiet_window_cost.py --counts 1,8,16,32 --extra 200
@@ -50,8 +51,12 @@ def main() -> None:
             pids = registered[:n]
             per_tree = _median_ms(lambda ps: {p: stop_tree(p) for p in ps}, pids, args.repeats)
             one_listing = _median_ms(stop_trees, pids, args.repeats)
-            rows.append({"trees": n, "per_tree_ms": per_tree, "one_listing_ms": one_listing})
-            print(f"{n:4d} trees: per tree {per_tree:8.2f} ms, one listing {one_listing:8.2f} ms", flush=True)
+            learned = stop_trees(pids)  # the trees as stopped once (what the quiet module remembers)
+            continue_pids([p for ps in learned.values() for p in ps])
+            known = _median_ms(lambda ps: stop_trees(ps, known=learned), pids, args.repeats)
+            rows.append({"trees": n, "per_tree_ms": per_tree, "one_listing_ms": one_listing, "known_ms": known})
+            print(f"{n:4d} trees: per tree {per_tree:8.2f} ms, one listing {one_listing:8.2f} ms, "
+                  f"known trees {known:8.2f} ms", flush=True)
     finally:
         for p in procs:
             p.kill()

@@ -407,6 +407,8 @@ def main() -> None:
                     "bodies) with each of these measure-worker counts, e.g. 12,16: the number in flight, measured")
     ap.add_argument("--ready-children", type=int, default=None, help="reward.ready_children (default: the config's: "
                     "on cuda min(4, measure workers))")
+    ap.add_argument("--plain-lock-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
+                    "the device lock's timings not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again")
     ap.add_argument("--ready-sweep", default="", help="after the GRPO-shaped phase (and its sweep), the same shape again "
                     "with each of these reward.ready_children counts, e.g. 0,8: measuring children parked ahead, measured")
     ap.add_argument("--skip-distinct", action="store_true", help="skip the one-at-a-time and distinct phases (a sweep's call)")
@@ -507,7 +509,7 @@ def main() -> None:
                 done.append(round(time.perf_counter() - t0, 1))
                 rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1]}
                 print(f"[{name} {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
-                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in PHASES), flush=True)
+                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in (*PHASES, "ready_reference", "ready_eager")), flush=True)
                 if len(done) % 4 == 0:
                     save()
 
@@ -528,6 +530,9 @@ def main() -> None:
                    **_tu(before, ccache_stats(svc.ccache, svc.cache_dir)),
                    **{f"median_{k2}": _median(r.times.get(k2) for r in results) for k2 in PHASES},
                    ready_handed=sum(1 for r in results if r.times.get("ready_child")),  # measured in a parked child
+                   # tasks whose reference / eager baseline child was parked ahead (ready_children roles)
+                   ready_references=len({r.times.get("reference_at_s") for r in results if r.times.get("ready_reference")}),
+                   ready_eager=len({r.times.get("reference_at_s") for r in results if r.times.get("ready_eager")}),
                    median_rounds=_median((r.details.get("rounds") or {}).get("total") for r in results),  # timed rounds a candidate ran
                    rounds_by_pass={k2: sum((r.details.get("rounds") or {}).get(k2) or 0 for r in results)
                                    for k2 in ("warmup", "main", "extended", "remeasure", "total")})
@@ -554,6 +559,15 @@ def main() -> None:
     # 5. The same shape with other numbers of children in flight (fresh bodies: each group builds its own)
     for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):
         phase(f"group_w{n}", group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
+    if args.plain_lock_group:  # the control: the device lock without timings as a phase, then the default again
+        from opsynth.runtime.device_lock import PHASES_ENV
+
+        os.environ[PHASES_ENV] = "0"
+        try:
+            phase("group_plain_lock", group_pairs(70_000, run_salt + 500_000))
+        finally:
+            os.environ.pop(PHASES_ENV, None)
+        phase("group_again", group_pairs(71_000, run_salt + 501_000))
     for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):
         phase(f"group_r{n}", group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))
     names = [p for p in ("distinct", "group") if p in out["phases"]]

@@ -116,5 +116,13 @@ def run(job: dict) -> dict:
     return {"reason": "ok", "blocks": blocks, "compile_s": compile_s}
 
 
+
+def prewarm(args: dict) -> None:
+    """A parked eager baseline child's start before its task exists (`opsynth.reward.ready_children`):
+    torch's pools and the CUDA context. Confined already; nothing of the task has run."""
+    from opsynth.reward.task_call import warm_torch
+
+    warm_torch(args)
+
 if __name__ == "__main__":
     child_main(run)

@@ -53,7 +53,13 @@ class BaselineServer:
         from opsynth.reward.eval_types import device_env
 
         self.kind, self.cfg, self.device = kind, cfg, device
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"opsynth_base_{kind}_"))
+        self._parked = None  # an eager child forked and started ahead (`ready_children`), or None
+        if kind == "eager":  # a compile child reads its task's compile cache, bound at its fork: never parked
+            from opsynth.reward import ready_children
+
+            self._parked = ready_children.take(cfg, device, "baseline")
+        self.parked = self._parked is not None
+        self.scratch = self._parked.scratch if self.parked else Path(tempfile.mkdtemp(prefix=f"opsynth_base_{kind}_"))
         (self.scratch / "task.py").write_text(task_code)
         self.job = {
             "kind": kind,
@@ -119,9 +125,12 @@ class BaselineServer:
         timeout = 7 * 24 * 3600.0  # it lives as long as its batch; `close` ends it
         try:
             with quiet.tracked("baseline") as on_start:
-                res = run_child("opsynth.reward.baseline_runner", self.job, self.scratch, timeout, self.cfg, warm=RUNNERS,
-                                build_handler=self._handle, env_extra=self.env, on_start=self._started(on_start),
-                                readable=[str(self.store)] if self.store is not None else [])
+                if self._parked is not None:
+                    res = self._parked.child.run(self.job, timeout, build_handler=self._handle, on_start=self._started(on_start))
+                else:
+                    res = run_child("opsynth.reward.baseline_runner", self.job, self.scratch, timeout, self.cfg, warm=RUNNERS,
+                                    build_handler=self._handle, env_extra=self.env, on_start=self._started(on_start),
+                                    readable=[str(self.store)] if self.store is not None else [])
             self.log = res.log
             if res.reason != "ok" and self.error is None:
                 self.error = f"{res.reason}: {res.log[-1500:]}"
@@ -242,6 +251,11 @@ class TaskBaselines:
         finds it ready instead of waiting for it with the device released (7 s on the H200's cold first)."""
         if not self.uses_cache():  # whether at all is `prestarts_compile`'s
             self.server("compile")
+
+    def started(self, kind: str) -> BaselineServer | None:
+        """The child of `kind` if one was started (none is started here)."""
+        with self._lock:
+            return self._servers.get(kind)
 
     def server(self, kind: str) -> BaselineServer:
         """This batch's eager child; the compile child from the process's pool (`compile_server`)."""

@@ -698,12 +698,10 @@ def prewarm(args: dict) -> None:
     Confined already; nothing untrusted has run and nothing of the job is known."""
     import torch
 
-    if args.get("cpu_threads"):
-        torch.set_num_threads(int(args["cpu_threads"]))
-    torch.ones(1 << 20).add_(1)
+    from opsynth.reward.task_call import warm_torch
+
+    warm_torch(args)
     if args.get("device") == "cuda":
-        torch.ones(1, device="cuda").add_(1)
-        torch.cuda.synchronize()
         # The profiler's first start costs 0.03-0.45 s under load (H200, 2026-12-05): paid here, parked,
         # its candidate's `_warm_profiler` finds it warm (median 0.007 s on 2026-12-06)
         try:  # only a warm-up: where it fails, `_warm_profiler` pays (and reports) the start as before

@@ -69,6 +69,7 @@ class _Reference:
     rounds_s: float | None = None  # the reference child's timed rounds, holding the device to itself
     untimed_rounds_s: float | None = None  # its unclocked rounds (tolerances, the seeds past the main pass), the device shared
     done_at_s: float | None = None  # seconds into its batch when it was ready (the batch's timeline)
+    ready_child: bool = False  # it ran in a child forked and started ahead (`ready_children`, role "reference")
 
 
 def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
@@ -101,12 +102,16 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
 
-    scratch = _tmpdir("opsynth_ref_")
-    (scratch / "task.py").write_text(task_code)
     try:
         kind = task_kind(task_code)
     except ValueError as e:
+        scratch = _tmpdir("opsynth_ref_")
         return _Reference(False, "task_error", f"[reward] {e}", scratch)
+    from opsynth.reward import ready_children
+
+    parked = ready_children.take(cfg, device, "reference")  # forked and started ahead (its scratch, channel, lock), or None
+    scratch = parked.scratch if parked is not None else _tmpdir("opsynth_ref_")
+    (scratch / "task.py").write_text(task_code)
     tcfg = task_cfg(cfg, task_code)
     cached = baseline_cache.lookup(cfg, task_code, device, task_mode)
     from opsynth.reward.baselines import decides_as_stored
@@ -143,10 +148,14 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     from opsynth.reward.outputs_file import OutputsChannel, OutputsFileError
 
     # The outputs through a channel of this process's (no file: the candidate must never find the answers on disk)
-    with OutputsChannel("opsynth-reference-outputs") as channel:
-        res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
-                        env_extra=device_env(cfg, device), stdin_bytes=json.dumps(plan.to_dict()).encode(),
-                        build_handler=session_handler(ref_rounds, None), channels={"outputs": channel.fd})
+    with (parked.channel if parked is not None else OutputsChannel("opsynth-reference-outputs")) as channel:
+        plan_bytes, handler = json.dumps(plan.to_dict()).encode(), session_handler(ref_rounds, None)
+        if parked is not None:
+            res = parked.child.run(job, cfg.reference_timeout_s, stdin_bytes=plan_bytes, build_handler=handler)
+        else:
+            res = run_child("opsynth.reward.reference_runner", job, scratch, cfg.reference_timeout_s, cfg, warm=RUNNERS,
+                            env_extra=device_env(cfg, device), stdin_bytes=plan_bytes, build_handler=handler,
+                            channels={"outputs": channel.fd})
         if res.reason != "ok":
             # the task's own failure: named task_* (task_timeout, task_error), never a program's reason
             return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
@@ -178,7 +187,8 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
                       flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts,
-                      rounds_s=res.data.get("rounds_s"), untimed_rounds_s=res.data.get("untimed_rounds_s"))
+                      rounds_s=res.data.get("rounds_s"), untimed_rounds_s=res.data.get("untimed_rounds_s"),
+                      ready_child=parked is not None)
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -606,7 +616,7 @@ def _start_services(cfg: RewardConfig, device: str, say) -> None:
     build_service(cfg, device, log=say)
     from opsynth.reward import ready_children
 
-    ready_children.pool(cfg, device)  # measuring children forked and started while references and builds run
+    ready_children.start(cfg, device)  # measuring, reference and eager children forked and started ahead
 
 
 def _build_distinct(batch: _Batch, digest):
@@ -662,6 +672,10 @@ def _measure_one(batch: _Batch, j, bres):
     res = _measure(batch.specs[j], ref, batch.cfg, device, batch.scratches[j], bres.log)
     # The timeline (seconds into the batch): services up, its reference ready, its build ended, its
     # measuring child started (after both), its result known (the judging included)
+    if ref.baselines is not None:  # which of the task's first children were parked ahead (diagnostics)
+        eager = ref.baselines.started("eager")
+        res.times["ready_reference"] = ref.ready_child
+        res.times["ready_eager"] = eager.parked if eager is not None else None
     res.times.update(services_at_s=batch.services_at_s, reference_at_s=ref.done_at_s,
                      build_at_s=batch.build_at_s.get(batch.specs[j].digest()),
                      built_at_s=batch.built_at_s.get(batch.specs[j].digest()), measure_at_s=measure_at, done_at_s=batch.at())

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 
-from opsynth.runtime.supervise import continue_pids, stop_tree, stop_trees
+from opsynth.runtime.supervise import continue_pids, stop_trees
 
 _lock = threading.Lock()
 _procs: dict[int, str] = {}  # pid -> what it is (for reports)
@@ -26,10 +27,30 @@ _stopped: dict[int, list[int]] = {}  # pid -> the pids of its tree that the open
 _depth = 0  # open windows (several devices of one process may each hold one)
 _since: dict[int, float] = {}  # pid -> when the open window stopped it
 _paused_s: dict[int, float] = {}  # pid -> seconds its tree spent stopped by windows (reported with builds)
+# pid -> its tree when it was last stopped: stopped first next time, so one /proc listing usually
+# settles it (`supervise.stop_trees`); the most recent trees only (candidates come and go)
+_trees: "OrderedDict[int, list[int]]" = OrderedDict()
+_TREES_KEPT = 512
+_trees_lock = threading.Lock()
+
+
+def _stop_all(pids) -> dict[int, list[int]]:
+    """Stop the trees of `pids` (one listing for all) and remember each for its next stop."""
+    pids = list(pids)
+    with _trees_lock:
+        known = {p: _trees[p] for p in pids if p in _trees}
+    got = stop_trees(pids, known=known)
+    with _trees_lock:
+        for p, members in got.items():
+            _trees[p] = members
+            _trees.move_to_end(p)
+        while len(_trees) > _TREES_KEPT:
+            _trees.popitem(last=False)
+    return got
 
 
 def _stop(pid: int) -> None:
-    _stopped[pid] = stop_tree(pid)
+    _stopped[pid] = _stop_all([pid])[pid]
     _since.setdefault(pid, time.perf_counter())
 
 
@@ -53,6 +74,8 @@ def unregister(pid: int) -> float:
     with _lock:
         _procs.pop(pid, None)
         _continue(pid)
+        with _trees_lock:
+            _trees.pop(pid, None)
         return round(_paused_s.pop(pid, 0.0), 3)
 
 
@@ -91,7 +114,7 @@ def window():
         _depth += 1
         if _depth == 1 and _procs:
             now = time.perf_counter()
-            for pid, members in stop_trees(list(_procs)).items():  # one /proc listing for every tree
+            for pid, members in _stop_all(_procs).items():  # one /proc listing for every tree
                 _stopped[pid] = members
                 _since.setdefault(pid, now)
     try:
@@ -120,7 +143,7 @@ def running(pid: int):
 @contextmanager
 def paused(pid: int | None):
     """One process tree (a candidate waiting for its next round) stopped for the duration."""
-    pids = stop_tree(pid) if pid else []
+    pids = _stop_all([pid])[pid] if pid else []
     try:
         yield
     finally:

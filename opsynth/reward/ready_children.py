@@ -12,6 +12,14 @@ builds), so its CUDA start never shares the device with a timing; `take` unregis
 
 Keyed by what shapes a measuring child before its job: the device, the fork server's environment,
 the confinement, the cache folder and thread count. A config with other settings gets its own pool.
+
+The same for the two children a task's evaluation starts before any candidate is measured (`ROLES`):
+the reference child (`reference_runner`) and the eager baseline child (`baseline_runner`). Both start
+on the batch's critical path: the first measurement waits for the reference, and the first timing for
+the eager child (on the H200, 2026-12-06, the reference of a GRPO-shaped batch was ready at 4.6-5.6 s,
+builds at 3.6-4.0 s; a cold child's CUDA context took 2.5-3.8 s of that). Each role has its own pool of
+`side_size` children, taken once per task; a compile baseline child is never parked (it reads the task's
+compile cache, bound at its fork).
 """
 
 from __future__ import annotations
@@ -21,6 +29,14 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
+
+# role -> (runner module, scratch prefix, outputs channel name or None: the reference and the measuring
+# child hand their outputs over a channel of the parent's; the baseline child has none)
+ROLES = {
+    "measure": ("opsynth.reward.candidate_runner", "opsynth_cand_", "opsynth-candidate-outputs"),
+    "reference": ("opsynth.reward.reference_runner", "opsynth_ref_", "opsynth-reference-outputs"),
+    "baseline": ("opsynth.reward.baseline_runner", "opsynth_base_eager_", None),
+}
 
 _pools: dict[tuple, "ReadyChildren"] = {}
 _pools_lock = threading.Lock()
@@ -34,21 +50,25 @@ class Parked:
 
     def discard(self) -> None:
         self.child.close()
-        self.channel.close()
+        if self.channel is not None:
+            self.channel.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class ReadyChildren:
-    """Up to `size` parked measuring children for one config and device, refilled in the background."""
+    """Up to `size` parked children of one role (`ROLES`) for one config and device, refilled in the
+    background."""
 
-    def __init__(self, cfg, device: str, size: int):
-        self.cfg, self.device, self.size = cfg, device, size
+    def __init__(self, cfg, device: str, size: int, role: str = "measure"):
+        if role not in ROLES:
+            raise ValueError(f"unknown ready-child role {role!r}; one of {sorted(ROLES)}")
+        self.cfg, self.device, self.size, self.role = cfg, device, size, role
         self._ready: list[Parked] = []
         self._cond = threading.Condition()
         self._closed = False
         self.forked = self.taken = self.failed = 0
         self.last_error = ""
-        self._thread = threading.Thread(target=self._refill, name=f"opsynth-ready-{device}", daemon=True)
+        self._thread = threading.Thread(target=self._refill, name=f"opsynth-ready-{role}-{device}", daemon=True)
         self._thread.start()
 
     def _fork_one(self) -> Parked:
@@ -58,15 +78,22 @@ class ReadyChildren:
         from opsynth.runtime.sandbox import ParkedChild
 
         cfg, device = self.cfg, self.device
-        scratch = Path(tempfile.mkdtemp(prefix="opsynth_cand_"))
-        channel = OutputsChannel("opsynth-candidate-outputs")
+        module, prefix, channel_name = ROLES[self.role]
+        scratch = Path(tempfile.mkdtemp(prefix=prefix))
+        channel = OutputsChannel(channel_name) if channel_name else None
         threads = cfg.resolved_cpu_threads(device)
+        lock = None
+        if self.role == "reference":  # the reference takes the device lock itself (its checks and timed rounds)
+            from opsynth.reward.evaluate import _lock_path
+
+            lock = _lock_path(cfg, device)
         try:
-            child = ParkedChild("opsynth.reward.candidate_runner", scratch, cfg, cpu_threads=threads,
-                                env_extra=device_env(cfg, device), warm=RUNNERS, channels={"outputs": channel.fd},
-                                build=True, prewarm={"device": device, "cpu_threads": threads})
+            child = ParkedChild(module, scratch, cfg, cpu_threads=threads, env_extra=device_env(cfg, device), warm=RUNNERS,
+                                channels={"outputs": channel.fd} if channel is not None else None, build=True,
+                                prewarm={"device": device, "cpu_threads": threads}, device_lock=lock)
         except BaseException:
-            channel.close()
+            if channel is not None:
+                channel.close()
             shutil.rmtree(scratch, ignore_errors=True)
             raise
         quiet.register(child.pid, "parked")  # its CUDA start waits out every timing window
@@ -135,30 +162,46 @@ class ReadyChildren:
             self._release(p)
 
 
-def _key(cfg, device: str) -> tuple:
+def _key(cfg, device: str, role: str) -> tuple:
+    from opsynth.runtime.device_lock import device_lock_path
     from opsynth.runtime.sandbox import server_env
 
-    return (device, cfg.resolved_device_index(), cfg.isolation, getattr(cfg, "syscall_filter", True),
-            str(cfg.resolved_cache_dir()), cfg.resolved_cpu_threads(device), tuple(sorted(server_env(cfg).items())))
+    return (role, device, cfg.resolved_device_index(), cfg.isolation, getattr(cfg, "syscall_filter", True),
+            str(cfg.resolved_cache_dir()), cfg.resolved_cpu_threads(device), tuple(sorted(server_env(cfg).items())),
+            device_lock_path(device, cfg.resolved_device_index()))  # the lock file a reference child can open
 
 
-def pool(cfg, device: str) -> ReadyChildren | None:
-    """This process's ready children for `cfg` on `device` (started on first use), or None when
-    `cfg.resolved_ready_children(device)` is 0."""
+def side_size(measure_size: int) -> int:
+    """Parked reference children, and parked eager baseline children, per device: one per task of a
+    GRPO step of two or three tasks, at most the measuring pool's size (none when that is off)."""
+    return min(2, measure_size)
+
+
+def pool(cfg, device: str, role: str = "measure") -> ReadyChildren | None:
+    """This process's ready children of `role` for `cfg` on `device` (started on first use), or None
+    when `cfg.resolved_ready_children(device)` is 0."""
     size = cfg.resolved_ready_children(device)
+    if role != "measure":
+        size = side_size(size)
     if size <= 0:
         return None
-    key = _key(cfg, device)
+    key = _key(cfg, device, role)
     with _pools_lock:
         p = _pools.get(key)
         if p is None or p._closed:
-            p = _pools[key] = ReadyChildren(cfg, device, size)
+            p = _pools[key] = ReadyChildren(cfg, device, size, role)
         return p
 
 
-def take(cfg, device: str) -> Parked | None:
-    """A ready measuring child for this config and device, or None (none configured or none ready yet)."""
-    p = pool(cfg, device)
+def start(cfg, device: str) -> None:
+    """Every role's pool for `cfg` on `device` (each forks its children in the background)."""
+    for role in ROLES:
+        pool(cfg, device, role)
+
+
+def take(cfg, device: str, role: str = "measure") -> Parked | None:
+    """A ready child of `role` for this config and device, or None (none configured or none ready yet)."""
+    p = pool(cfg, device, role)
     return p.take() if p is not None else None
 
 

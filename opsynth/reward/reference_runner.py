@@ -189,5 +189,13 @@ def _outputs(job: dict, mod, model, kind, call, device: str, source: str) -> dic
     return {"trials": trials, "outputs": outputs, "second_inputs": second_inputs, "second_outputs": second_outputs}
 
 
+
+def prewarm(args: dict) -> None:
+    """A parked reference child's start before its task exists (`opsynth.reward.ready_children`):
+    torch's pools and the CUDA context. Confined already; nothing of the task has run."""
+    from opsynth.reward.task_call import warm_torch
+
+    warm_torch(args)
+
 if __name__ == "__main__":
     child_main(run)

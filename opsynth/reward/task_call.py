@@ -67,3 +67,17 @@ def call_args(mod, model, kind, seed: int, device: str) -> list:
     with torch.no_grad():
         shapes = as_output_list(model(*inputs))
     return [*inputs, *grad_outputs(shapes, seed)]
+
+
+def warm_torch(args: dict) -> None:
+    """A parked child's job-independent start (`opsynth.reward.ready_children`): torch's CPU pools and,
+    on CUDA, the context, the first thing every runner's job would otherwise pay (seconds on a loaded
+    H200). Nothing of the job is known yet and nothing untrusted has run."""
+    import torch
+
+    if args.get("cpu_threads"):
+        torch.set_num_threads(int(args["cpu_threads"]))
+    torch.ones(1 << 20).add_(1)
+    if args.get("device") == "cuda":
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()

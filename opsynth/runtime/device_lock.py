@@ -21,6 +21,9 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 LOCK_DIR_ENV = "OPSYNTH_LOCK_DIR"
+# "0": timings are not a phase (`device_share`'s `exclusive_first` off: the writer-preferring lock alone),
+# for a benchmark's side-by-side control only; every process on the device should see the same value
+PHASES_ENV = "OPSYNTH_LOCK_PHASES"
 
 
 def resolve_lock_dir(configured: str | None = None) -> str:
@@ -111,7 +114,7 @@ def _flock(fd: int, op: int, on_wait: Callable[[], None] | None, waited: list[bo
 
 @contextmanager
 def device_share(lock_file: str | None, exclusive: bool, on_wait: Callable[[], None] | None = None,
-                 on_acquired: Callable[[], None] | None = None, *, exclusive_first: bool = True) -> Iterator[None]:
+                 on_acquired: Callable[[], None] | None = None, *, exclusive_first: bool | None = None) -> Iterator[None]:
     """Hold a device's memory: shared by ordinary requests, whole for one that must run alone (a
     timing section; the verifier's retry of a request that ran out of GPU memory beside the others).
     The timing lock alone does not give that: the other workers' checks go on allocating while one
@@ -122,7 +125,7 @@ def device_share(lock_file: str | None, exclusive: bool, on_wait: Callable[[], N
     the gate, takes the share lock shared, and leaves the gate; the exclusive holder keeps the gate,
     so no new sharer enters, and takes the share lock exclusively once the sharers inside are done.
 
-    `exclusive_first` (the default) makes the exclusive holders a phase: each one announces itself on
+    `exclusive_first` (None: on unless $OPSYNTH_LOCK_PHASES is "0") makes the exclusive holders a phase: each one announces itself on
     the queue file (shared) before the gate and keeps it until it is done, and a sharer enters only
     once no exclusive holder is announced (it takes the queue whole for an instant). Without it, a
     sharer that wins the gate between two timings gets in, and the second timing waits for that
@@ -137,6 +140,8 @@ def device_share(lock_file: str | None, exclusive: bool, on_wait: Callable[[], N
     if lock_file is None:
         yield
         return
+    if exclusive_first is None:
+        exclusive_first = os.environ.get(PHASES_ENV, "1") != "0"
     gate_path, share_path, queue_path = share_lock_paths(lock_file)
     gate, share, queue = _open_lock(gate_path), _open_lock(share_path), _open_lock(queue_path)
     waited: list[bool] = []

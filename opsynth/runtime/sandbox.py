@@ -391,17 +391,19 @@ class ParkedChild:
     second job: a child that ran one candidate is never trusted with another.
 
     Its scratch folder is fixed when it is forked (the confinement binds it): the caller writes the
-    job's files there (`scratch`) before `run`, and the `channels` it was given are its job's."""
+    job's files there (`scratch`) before `run`, and the `channels` it was given are its job's; so is
+    `device_lock`, the lock file its job will take (the reference child's), readable inside."""
 
     def __init__(self, module: str, scratch: Path, cfg, *, cpu_threads=None, env_extra: dict | None = None,
                  writable=(), readable=(), shared_ids: bool = False, warm=(), light: bool = False,
-                 channels: dict[str, int] | None = None, build: bool = False, prewarm: dict | None = None):
+                 channels: dict[str, int] | None = None, build: bool = False, prewarm: dict | None = None,
+                 device_lock: str | None = None):
         _check_channels(channels)
         self.module, self.scratch = module, Path(scratch)
         (self.scratch / "tmp").mkdir(parents=True, exist_ok=True)
         self.job_path = self.scratch / f"job_{module.rsplit('.', 1)[-1]}_parked.json"
         self._ids = None
-        spawned = _spawn(module, self.job_path, self.scratch, cfg, cpu_threads, None, writable, env_extra, readable,
+        spawned = _spawn(module, self.job_path, self.scratch, cfg, cpu_threads, device_lock, writable, env_extra, readable,
                          shared_ids, warm, channels, light, build, park=dict(prewarm or {}))
         if isinstance(spawned, ChildResult):
             raise RuntimeError(spawned.log)

@@ -110,7 +110,7 @@ def _trees(tops, ppids: dict[int, int]) -> dict[int, list[int]]:
     return out
 
 
-def stop_trees(pids, settle_s: float = STOP_SETTLE_S) -> dict[int, list[int]]:
+def stop_trees(pids, settle_s: float = STOP_SETTLE_S, known: dict[int, list[int]] | None = None) -> dict[int, list[int]]:
     """SIGSTOP each of `pids` and everything below it, top first (a stopped process spawns nothing
     more), then once more for anything started meanwhile; returns {pid: the pids of its tree that
     were stopped} (for `continue_pids`).
@@ -120,6 +120,11 @@ def stop_trees(pids, settle_s: float = STOP_SETTLE_S) -> dict[int, list[int]]:
     each here (81 processes) and more under gVisor, where the window's opening read 0.05-0.25 s of each
     0.2-0.5 s timing section on the H200 (2026-12-06; `benchmarks/quiet_window_cost.py`).
 
+    `known`: {pid: its tree when it was last stopped} (a candidate paused before each baseline block,
+    a baseline child stopped again after its block). Those are stopped first, so one listing usually
+    settles it: a member no longer in the tree (ended, its pid reused) is continued again at once, and
+    only a pass that found a new member is followed by another.
+
     SIGSTOP is delivered asynchronously: a compiler running on another core keeps running until the
     kernel gets to it. A timing that starts right after the kill can overlap it (CI saw a build still
     `running` inside a quiet window), so this returns only once each process reads stopped (or gone,
@@ -127,17 +132,35 @@ def stop_trees(pids, settle_s: float = STOP_SETTLE_S) -> dict[int, list[int]]:
     tops = list(dict.fromkeys(pids))
     stopped: dict[int, list[int]] = {top: [] for top in tops}
     done: set[int] = set()
-    for _ in range(2):
-        for top, members in _trees(tops, _ppid_map()).items():
-            for p in members:
-                if p in done:
-                    continue
-                try:
-                    os.kill(p, signal.SIGSTOP)
-                    stopped[top].append(p)
-                    done.add(p)
-                except OSError:
-                    pass
+
+    def stop(top: int, p: int) -> bool:
+        try:
+            os.kill(p, signal.SIGSTOP)
+        except OSError:
+            return False
+        stopped[top].append(p)
+        done.add(p)
+        return True
+
+    for top in tops:
+        for p in (known or {}).get(top, ()):
+            if p not in done:
+                stop(top, p)
+    passes, found = 0, not any(stopped.values())  # nothing known: the first listing finds the trees
+    while passes < 3:
+        trees = _trees(tops, _ppid_map())
+        passes += 1
+        for top, members in trees.items():
+            inside = set(members)
+            strays = [p for p in stopped[top] if p not in inside]
+            if strays:  # stopped from `known` but no longer of this tree: let it go again
+                continue_pids(strays)
+                stopped[top] = [p for p in stopped[top] if p in inside]
+                done.difference_update(strays)
+        new = [stop(top, p) for top, members in trees.items() for p in members if p not in done]
+        if not any(new) and not found:
+            break  # this listing found nothing the earlier stops had missed
+        found = False
     wait_stopped([p for ps in stopped.values() for p in ps], settle_s)
     return stopped
 

@@ -46,7 +46,7 @@ def test_ready_children_give_the_verdicts_of_children_forked_per_candidate(rewar
 
     def take(self):
         p = real_take(self)
-        if p is not None:
+        if p is not None and self.role == "measure":
             handed.append(p)
         return p
 
@@ -65,6 +65,13 @@ def test_ready_children_give_the_verdicts_of_children_forked_per_candidate(rewar
     assert all(p.child.used for p in handed)
     pool = ready_children.pool(cfg, "cpu")
     assert pool.taken == len(measured) and pool.forked >= pool.taken and pool.failed == 0
+    # The task's reference and eager baseline children came parked too (one task: one of each)
+    for role in ("reference", "baseline"):
+        side = ready_children.pool(cfg, "cpu", role)
+        assert side.size == 2 and side.taken == 1 and side.failed == 0, (role, side.taken, side.last_error)
+    assert all(b.times.get("ready_reference") is True for b in measured), [b.times.get("ready_reference") for b in measured]
+    assert all(b.times.get("ready_eager") is True for b in measured), [b.times.get("ready_eager") for b in measured]
+    assert not any(a.times.get("ready_reference") or a.times.get("ready_eager") for a in forked)
 
 
 def test_parked_children_are_paused_in_timing_windows_until_taken(reward_cache, fresh_pools):
@@ -105,3 +112,7 @@ def test_ready_children_setting():
         with pytest.raises(ValueError, match="ready_children"):
             RewardConfig(ready_children=bad)
     assert ready_children.pool(RewardConfig(device="cpu"), "cpu") is None
+    assert ready_children.pool(RewardConfig(device="cpu"), "cpu", "reference") is None
+    assert [ready_children.side_size(n) for n in (0, 1, 2, 4, 12)] == [0, 1, 2, 2, 2]
+    with pytest.raises(ValueError, match="role"):
+        ready_children.ReadyChildren(RewardConfig(device="cpu"), "cpu", 1, "compile")

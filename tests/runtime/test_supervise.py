@@ -51,6 +51,38 @@ def test_several_trees_are_stopped_from_one_listing_each_under_its_own_top():
             _kill_tree(p)
 
 
+def test_a_known_tree_is_stopped_with_one_listing_and_a_grown_or_changed_one_is_still_right(monkeypatch):
+    """`known` (the tree as last stopped): one /proc listing when nothing changed; a process the tree
+    started since is found and stopped; a known pid that is no longer in the tree is let go again."""
+    from opsynth.runtime import supervise
+
+    listings = []
+    real = supervise._ppid_map
+    monkeypatch.setattr(supervise, "_ppid_map", lambda: listings.append(1) or real())
+    proc = subprocess.Popen([sys.executable, "-c", SPIN])
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.3)
+        first = stop_trees([proc.pid])[proc.pid]
+        assert len(first) >= 3 and len(listings) == 2
+        continue_pids(first)
+        listings.clear()
+        again = stop_trees([proc.pid], known={proc.pid: first})[proc.pid]
+        assert sorted(again) == sorted(first) and len(listings) == 1
+        assert all(process_state(q) in ("T", "t") for q in again)
+        continue_pids(again)
+        listings.clear()
+        # a stale record: one member missing (as if the tree grew since) and a pid of another process
+        stale = [q for q in first if q != first[-1]] + [stranger.pid]
+        got = stop_trees([proc.pid], known={proc.pid: stale})[proc.pid]
+        assert sorted(got) == sorted(first) and len(listings) == 2, (got, first, len(listings))
+        assert process_state(stranger.pid) in ("S", "R")  # let go again: not of this tree
+        continue_pids(got)
+    finally:
+        stranger.kill()
+        _kill_tree(proc)
+
+
 def test_control_without_the_wait_a_signalled_spinner_can_still_read_running():
     """The control: kill, then read /proc at once. Whether the race shows is the kernel's business
     (48 of 200 read running on a 2-core gVisor host; a CI host delivered every signal first), so
