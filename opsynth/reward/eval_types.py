@@ -38,6 +38,16 @@ def device_env(cfg: "RewardConfig", device: str) -> dict:
     return {"CUDA_VISIBLE_DEVICES": gpu_key(cfg.resolved_device_index())}
 
 
+def device_lock_file(cfg: "RewardConfig", device: str) -> str:
+    """The device's one lock (shared with the verifier), its files created here so a confined child
+    can open them. Every part of the reward that locks, or forks a child that locks, asks here."""
+    from opsynth.runtime.device_lock import create_lock_files, device_lock_path
+
+    path = device_lock_path(device, cfg.resolved_device_index())
+    create_lock_files(path)
+    return path
+
+
 # Runtime guards a test may switch off (RewardConfig.disabled_guards), to show what each one stops.
 # "harness_class_methods" is the class-method part of "harness_snapshot" (guards.HarnessSnapshot's class_methods);
 # "call_wall_floor" the claims' floor on the parent's clock, part of "wall_clock" (rounds.call_floor);

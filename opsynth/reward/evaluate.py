@@ -41,7 +41,7 @@ from pathlib import Path
 from opsynth.render.task_file import check_mode, task_kind, tolerance
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
 from opsynth.reward.builds import build_service
-from opsynth.reward.eval_types import EvalResult, RewardConfig, device_env, reward_from_times
+from opsynth.reward.eval_types import EvalResult, RewardConfig, device_env, device_lock_file, reward_from_times
 
 __all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
 
@@ -88,13 +88,7 @@ def _tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-def _lock_path(cfg: RewardConfig, device: str) -> str:
-    """The device's one lock (shared with the verifier), its files created here so a confined child can open them."""
-    from opsynth.runtime.device_lock import create_lock_files, device_lock_path
-
-    path = device_lock_path(device, cfg.resolved_device_index())
-    create_lock_files(path)
-    return path
+_lock_path = device_lock_file  # the device's one lock, its files created (eval_types.device_lock_file)
 
 
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode: str | None = None) -> _Reference:

@@ -84,9 +84,9 @@ class ReadyChildren:
         threads = cfg.resolved_cpu_threads(device)
         lock = None
         if self.role == "reference":  # the reference takes the device lock itself (its checks and timed rounds)
-            from opsynth.reward.evaluate import _lock_path
+            from opsynth.reward.eval_types import device_lock_file
 
-            lock = _lock_path(cfg, device)
+            lock = device_lock_file(cfg, device)
         try:
             child = ParkedChild(module, scratch, cfg, cpu_threads=threads, env_extra=device_env(cfg, device), warm=RUNNERS,
                                 channels={"outputs": channel.fd} if channel is not None else None, build=True,
