@@ -10,7 +10,9 @@
 # The number of measuring children in flight, measured (issue 28): THROUGHPUT_ARGS="--skip-distinct
 # --group-sweep 12,16" times the GRPO-shaped phase at the default 8, then at 12 and 16 (fresh bodies each).
 # CLI_ARGS="--parallel-nvcc false,true": the CLI's prime and warm runs with nvcc as is, then with its front ends side
-# by side (reward.parallel_nvcc; about 170 s in all: CLI_S=190).
+# by side (reward.parallel_nvcc; about 170 s in all: CLI_S=190). CLI_S=0 or RUN_S=0 skips that stage.
+# THROUGHPUT_ARGS="--plain-lock-group": after the GRPO-shaped phase, the same shape with the device lock's timings
+# not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again (about 30 s each).
 # Results in $OUT: probes.log, cuda_ipc_probe.json, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -41,8 +43,10 @@ PROBE
   timeout 90 python3 benchmarks/cuda_ipc_probe.py --out "$OUT/cuda_ipc_probe.json"  # judging on the device: does CUDA IPC work here?
 } > "$OUT/probes.log" 2>&1
 echo "probes:"; cat "$OUT/probes.log"
+if [ "${CLI_S:-150}" != 0 ]; then  # CLI_S=0: no CLI evaluation (timeout 0 would mean no limit)
 timeout ${CLI_S:-150} python3 benchmarks/cli_eval_kb.py --settings true ${CLI_ARGS:-} --timeout 120 --out "$OUT/cli_eval_kb_h200.json" > "$OUT/cli_eval_kb.log" 2>&1
 echo "cli_eval_kb rc=$?"; tail -5 "$OUT/cli_eval_kb.log"
-timeout ${RUN_S:-390} python3 benchmarks/reward_throughput.py --baseline-count 2 --isolation auto ${THROUGHPUT_ARGS:-} \
+fi
+[ "${RUN_S:-390}" != 0 ] && timeout ${RUN_S:-390} python3 benchmarks/reward_throughput.py --baseline-count 2 --isolation auto ${THROUGHPUT_ARGS:-} \
   --out "$OUT/reward_throughput_auto.json" > "$OUT/reward_throughput_auto.log" 2>&1
 echo "throughput rc=$?"; tail -7 "$OUT/reward_throughput_auto.log"

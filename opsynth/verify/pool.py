@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from opsynth.runtime import supervise
-from opsynth.runtime.device_lock import LOCK_DIR_ENV, device_lock_path, lock_files, resolve_lock_dir
+from opsynth.runtime.device_lock import LOCK_DIR_ENV, PHASES_ENV, device_lock_path, lock_files, resolve_lock_dir
 
 from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
@@ -293,6 +293,8 @@ class WorkerPool:
         env["MALLOC_ARENA_MAX"] = "2"  # fewer glibc arenas: less virtual memory under RLIMIT_AS
         env["PYTHONFAULTHANDLER"] = "1"
         env[LOCK_DIR_ENV] = resolve_lock_dir()  # named here: a confined worker's temp folder is its scratch
+        if PHASES_ENV in os.environ:  # a benchmark's control (the lock without timings as a phase): every worker alike
+            env[PHASES_ENV] = os.environ[PHASES_ENV]
         if self.device == "cpu":
             threads = self.cfg.cpu_threads_per_worker or max(1, usable_cpus() // self.n_workers)
             for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPSYNTH_VERIFY_THREADS"):
