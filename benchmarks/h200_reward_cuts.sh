@@ -10,7 +10,7 @@
 # The number of measuring children in flight, measured (issue 28): THROUGHPUT_ARGS="--skip-distinct
 # --group-sweep 12,16" times the GRPO-shaped phase at the default 8, then at 12 and 16 (fresh bodies each).
 # CLI_ARGS="--parallel-nvcc false,true": the CLI's prime and warm runs with nvcc as is, then with its front ends side
-# by side (reward.parallel_nvcc; about 170 s in all: CLI_S=190). CLI_S=0 or RUN_S=0 skips that stage.
+# by side (reward.parallel_nvcc; about 170 s in all: CLI_S=190). CLI_S=0 or RUN_S=0 skips that stage, PROBES=0 the probes.
 # THROUGHPUT_ARGS="--plain-lock-group": after the GRPO-shaped phase, the same shape with the device lock's timings
 # not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again (about 30 s each).
 # Results in $OUT: probes.log, cuda_ipc_probe.json, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
@@ -22,6 +22,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
 # 0. Probes (about 30 s): the fork servers' imports (full, light), and the outputs channel on this kernel
 #    (a memfd sealed and mapped: the reward's judging depends on it; where it cannot seal, a copy is judged).
+if [ "${PROBES:-1}" != 0 ]; then  # PROBES=0: skip them (measured on 2026-12-05 and 12-06)
 { for m in "torch" "torch, opsynth.reward.guards, opsynth.reward.candidate_runner, opsynth.reward.build_runner" \
     "torch, torch.nn.functional, torch.profiler, torch._dynamo, opsynth.reward.guards, opsynth.reward.candidate_runner, opsynth.reward.reference_runner, opsynth.reward.build_runner, opsynth.reward.baseline_runner"; do
     /usr/bin/time -f "%e s import: $m" python3 -c "import $m" 2>&1 | tail -1; done
@@ -43,6 +44,7 @@ PROBE
   timeout 90 python3 benchmarks/cuda_ipc_probe.py --out "$OUT/cuda_ipc_probe.json"  # judging on the device: does CUDA IPC work here?
 } > "$OUT/probes.log" 2>&1
 echo "probes:"; cat "$OUT/probes.log"
+fi
 if [ "${CLI_S:-150}" != 0 ]; then  # CLI_S=0: no CLI evaluation (timeout 0 would mean no limit)
 timeout ${CLI_S:-150} python3 benchmarks/cli_eval_kb.py --settings true ${CLI_ARGS:-} --timeout 120 --out "$OUT/cli_eval_kb_h200.json" > "$OUT/cli_eval_kb.log" 2>&1
 echo "cli_eval_kb rc=$?"; tail -5 "$OUT/cli_eval_kb.log"
