@@ -172,8 +172,9 @@ def _key(cfg, device: str, role: str) -> tuple:
 
 
 def side_size(measure_size: int) -> int:
-    """Parked reference children, and parked eager baseline children, per device: one per task of a
-    GRPO step of two or three tasks, at most the measuring pool's size (none when that is off)."""
+    """Parked reference children, and parked eager baseline children, per device: two (the first two
+    tasks of a batch find theirs ready; the pool refills while the batch runs), at most the measuring
+    pool's size, none when that is off. Each costs a CUDA context while it waits."""
     return min(2, measure_size)
 
 
