@@ -181,11 +181,17 @@ def test_a_timing_section_runs_alone_and_checks_share_the_device(tmp_path):
     assert _overlap(control["t"], control["c0"]) or _overlap(control["t"], control["late"]), control
 
 
+def _ask_and_hold(path: str, kind: str, hold_s: float, log: str, name: str, asking) -> None:
+    """`_hold`, saying just before it asks for the lock (so a test can order the arrivals)."""
+    asking.set()
+    _hold(path, kind, hold_s, log, name)
+
+
 def test_timings_queued_while_checks_drain_run_back_to_back_before_later_checks(tmp_path):
     """Timings are a phase: a checker holds the device; one timing asks, then a checker, then a second
     timing. Both timings run (alone, one after the other) before the late checker enters, which
     waited since before the second timing asked. Control (run by hand with `exclusive_first=False`:
-    failed 4 of 4): without the queue the late checker wins the gate when the first timing ends, and
+    failed 7 of 7): without the queue the late checker wins the gate when the first timing ends, and
     the second timing waits for its whole checks (`benchmarks/lock_phases.py` measures the cost)."""
     import multiprocessing as mp
     import time
@@ -194,17 +200,20 @@ def test_timings_queued_while_checks_drain_run_back_to_back_before_later_checks(
     path, log = str(tmp_path / "cuda0.lock"), tmp_path / "log"
     device_lock.create_lock_files(path)
     ready = ctx.Event()
-    procs = [ctx.Process(target=_hold, args=(path, "checks", 1.0, str(log), "c0", ready))]
+    procs = [ctx.Process(target=_hold, args=(path, "checks", 3.0, str(log), "c0", ready))]
     procs[0].start()
     assert ready.wait(60)
     for name, kind, hold in (("t1", "timing", 0.4), ("late", "checks", 0.1), ("t2", "timing", 0.4)):
-        time.sleep(0.25)
-        procs.append(ctx.Process(target=_hold, args=(path, kind, hold, str(log), name)))
+        asking = ctx.Event()
+        procs.append(ctx.Process(target=_ask_and_hold, args=(path, kind, hold, str(log), name, asking)))
         procs[-1].start()
+        assert asking.wait(60)
+        time.sleep(0.2)  # it is waiting for the lock now (the arrivals are in this order)
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
     spans = _spans(log)
+    assert spans["t1"][0] >= spans["c0"][1], spans  # every arrival came while c0 held the device
     for a, b in (("t1", "t2"), ("t1", "c0"), ("t2", "c0"), ("t1", "late"), ("t2", "late")):
         assert not _overlap(spans[a], spans[b]), (a, b, spans)
     assert spans["late"][0] >= max(spans["t1"][1], spans["t2"][1]), spans

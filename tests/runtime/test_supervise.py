@@ -14,10 +14,18 @@ from opsynth.runtime.supervise import continue_pids, process_state, stop_tree, s
 SPIN = "import os, sys\nfor _ in range(2):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
 
 
+def _forked(proc, n: int = 3, timeout_s: float = 30.0) -> None:
+    """Wait until `proc`'s tree has its `n` processes (the spinner and its two children)."""
+    deadline = time.monotonic() + timeout_s
+    while len(tree_pids(proc.pid)) < n:
+        assert time.monotonic() < deadline, tree_pids(proc.pid)
+        time.sleep(0.02)
+
+
 def test_every_process_of_a_spinning_tree_reads_stopped_when_stop_tree_returns():
     proc = subprocess.Popen([sys.executable, "-c", SPIN])
     try:
-        time.sleep(0.3)  # let the children fork (each round stops the tree: a fork not made yet waits)
+        _forked(proc)  # each round stops the tree: a fork not made yet would wait
         for _ in range(40):
             pids = stop_tree(proc.pid)
             assert proc.pid in pids
@@ -35,7 +43,8 @@ def test_several_trees_are_stopped_from_one_listing_each_under_its_own_top():
     under the tree it belongs to (continued tree by tree when the window closes)."""
     procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(3)]
     try:
-        time.sleep(0.3)
+        for p in procs:
+            _forked(p)
         for _ in range(10):
             stopped = stop_trees([p.pid for p in procs])
             for p in procs:
@@ -62,7 +71,7 @@ def test_a_known_tree_is_stopped_with_one_listing_and_a_grown_or_changed_one_is_
     proc = subprocess.Popen([sys.executable, "-c", SPIN])
     stranger = subprocess.Popen(["sleep", "60"])
     try:
-        time.sleep(0.3)
+        _forked(proc)
         first = stop_trees([proc.pid])[proc.pid]
         assert len(first) >= 3 and len(listings) == 2
         continue_pids(first)
