@@ -21,6 +21,7 @@ import random
 import time
 import traceback
 
+from opsynth.reward.task_call import warm_torch as prewarm  # noqa: F401  (a parked child's start: ready_children)
 from opsynth.runtime.child import child_main
 
 
@@ -115,14 +116,6 @@ def run(job: dict) -> dict:
             order = chan.request({"kind": "block_done", "ms": times, "quiet": waited})
     return {"reason": "ok", "blocks": blocks, "compile_s": compile_s}
 
-
-
-def prewarm(args: dict) -> None:
-    """A parked eager baseline child's start before its task exists (`opsynth.reward.ready_children`):
-    torch's pools and the CUDA context. Confined already; nothing of the task has run."""
-    from opsynth.reward.task_call import warm_torch
-
-    warm_torch(args)
 
 if __name__ == "__main__":
     child_main(run)

@@ -58,7 +58,6 @@ class BaselineServer:
             from opsynth.reward import ready_children
 
             self._parked = ready_children.take(cfg, device, "baseline")
-        self.parked = self._parked is not None
         self.scratch = self._parked.scratch if self.parked else Path(tempfile.mkdtemp(prefix=f"opsynth_base_{kind}_"))
         (self.scratch / "task.py").write_text(task_code)
         self.job = {
@@ -147,6 +146,11 @@ class BaselineServer:
             on_start(pid)
 
         return started
+
+    @property
+    def parked(self) -> bool:
+        """Whether this child was forked and started ahead (`ready_children`, role "baseline")."""
+        return self._parked is not None
 
     def is_ready(self) -> bool:
         """Ready to time now (for compile: compiled), without waiting."""

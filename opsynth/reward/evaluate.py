@@ -88,9 +88,6 @@ def _tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-_lock_path = device_lock_file  # the device's one lock, its files created (eval_types.device_lock_file)
-
-
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode: str | None = None) -> _Reference:
     from opsynth.reward import baseline_cache
     from opsynth.reward.eval_types import RUNNERS
@@ -128,7 +125,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         "data_path": str(scratch / "data.pt"),
         "init_path": str(scratch / "init.pt"),
         "result_path": str(scratch / "ref_result.json"),
-        "device_lock": _lock_path(cfg, device),
+        "device_lock": device_lock_file(cfg, device),
     }
     from opsynth.reward.rounds import RoundSession, TimingPlan, session_handler
 
@@ -252,7 +249,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["ready_child"] = parked is not None
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     fresh = "fresh_inputs" not in off
-    pacer = Pacer(ref.baselines, cfg, device, _lock_path(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
+    pacer = Pacer(ref.baselines, cfg, device, device_lock_file(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
                   reference=(ref.outputs["rounds"], ref.rounds.keys) if fresh else None, reference_ms=_reference_ms(ref))
     rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms,
                           reference=None if "wall_clock" in off else ref.rounds, pacer=pacer,

@@ -49,9 +49,12 @@ def _stop_all(pids) -> dict[int, list[int]]:
     return got
 
 
-def _stop(pid: int) -> None:
-    _stopped[pid] = _stop_all([pid])[pid]
-    _since.setdefault(pid, time.perf_counter())
+def _stop(pids) -> None:
+    """Stop the trees of `pids` for the open window, recording what was stopped and since when."""
+    now = time.perf_counter()
+    for pid, members in _stop_all(pids).items():
+        _stopped[pid] = members
+        _since.setdefault(pid, now)
 
 
 def _continue(pid: int) -> None:
@@ -66,7 +69,7 @@ def register(pid: int, what: str = "build") -> None:
     with _lock:
         _procs[pid] = what
         if _depth:
-            _stop(pid)
+            _stop([pid])
 
 
 def unregister(pid: int) -> float:
@@ -113,10 +116,7 @@ def window():
     with _lock:
         _depth += 1
         if _depth == 1 and _procs:
-            now = time.perf_counter()
-            for pid, members in _stop_all(_procs).items():  # one /proc listing for every tree
-                _stopped[pid] = members
-                _since.setdefault(pid, now)
+            _stop(_procs)  # one /proc listing for every tree
     try:
         yield
     finally:
@@ -137,7 +137,7 @@ def running(pid: int):
     finally:
         with _lock:
             if _depth and pid in _procs:
-                _stop(pid)
+                _stop([pid])
 
 
 @contextmanager

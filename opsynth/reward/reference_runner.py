@@ -10,6 +10,7 @@ import time
 import traceback
 
 from opsynth.reward.compare import as_output_list
+from opsynth.reward.task_call import warm_torch as prewarm  # noqa: F401  (a parked child's start: ready_children)
 from opsynth.runtime.child import child_main, device_checks, device_lock
 
 
@@ -188,14 +189,6 @@ def _outputs(job: dict, mod, model, kind, call, device: str, source: str) -> dic
                 second_outputs = _to_cpu(as_output_list(call(*inputs)))
     return {"trials": trials, "outputs": outputs, "second_inputs": second_inputs, "second_outputs": second_outputs}
 
-
-
-def prewarm(args: dict) -> None:
-    """A parked reference child's start before its task exists (`opsynth.reward.ready_children`):
-    torch's pools and the CUDA context. Confined already; nothing of the task has run."""
-    from opsynth.reward.task_call import warm_torch
-
-    warm_torch(args)
 
 if __name__ == "__main__":
     child_main(run)

@@ -146,10 +146,9 @@ def stop_trees(pids, settle_s: float = STOP_SETTLE_S, known: dict[int, list[int]
         for p in (known or {}).get(top, ()):
             if p not in done:
                 stop(top, p)
-    passes, found = 0, not any(stopped.values())  # nothing known: the first listing finds the trees
-    while passes < 3:
+    look_again = not any(stopped.values())  # nothing known: the first listing finds the trees, a second checks
+    for _ in range(3):
         trees = _trees(tops, _ppid_map())
-        passes += 1
         for top, members in trees.items():
             inside = set(members)
             strays = [p for p in stopped[top] if p not in inside]
@@ -157,10 +156,10 @@ def stop_trees(pids, settle_s: float = STOP_SETTLE_S, known: dict[int, list[int]
                 continue_pids(strays)
                 stopped[top] = [p for p in stopped[top] if p in inside]
                 done.difference_update(strays)
-        new = [stop(top, p) for top, members in trees.items() for p in members if p not in done]
-        if not any(new) and not found:
+        grew = any([stop(top, p) for top, members in trees.items() for p in members if p not in done])
+        if not grew and not look_again:
             break  # this listing found nothing the earlier stops had missed
-        found = False
+        look_again = False
     wait_stopped([p for ps in stopped.values() for p in ps], settle_s)
     return stopped
 

@@ -20,7 +20,7 @@ def test_the_folder_is_the_setting_else_the_temp_folder(tmp_path, monkeypatch):
 
 
 def test_verifier_and_reward_lock_the_same_file_in_a_non_default_folder(tmp_path, monkeypatch):
-    from opsynth.reward.evaluate import _lock_path
+    from opsynth.reward.eval_types import device_lock_file
     from opsynth.reward.eval_types import RewardConfig
     from opsynth.verify import VerifyConfig, WorkerPool
 
@@ -31,7 +31,7 @@ def test_verifier_and_reward_lock_the_same_file_in_a_non_default_folder(tmp_path
     assert env[LOCK_DIR_ENV] == str(tmp_path)
     for device in ("cpu", "cuda"):
         verifier = device_lock_path(device, 0, env[LOCK_DIR_ENV], env)
-        reward = _lock_path(RewardConfig(device="cpu", device_index=0), device)
+        reward = device_lock_file(RewardConfig(device="cpu", device_index=0), device)
         assert verifier == reward and os.path.dirname(reward) == str(tmp_path), (verifier, reward)
 
 
