@@ -460,18 +460,19 @@ class WorkerPool:
         asked = time.time()
         w = self._worker(index)
         ready_wait = time.time() - asked  # a replacement worker still starting (stages.py: worker_restart)
+        sent = time.monotonic()
         try:
             reply = w.request(msg, self.cfg.timeout_s)
         except WorkerGone:
             self._replace(index)
             raise
-        reply["ready_wait_s"] = ready_wait
+        reply["ready_wait_s"], reply["round_trip_s"] = ready_wait, time.monotonic() - sent  # stages.py: pipes
         if reply.get("recycle"):
             self._replace(index)
         if (not reply.get("ok") and reply.get("reason") == "oom" and self.device == "cuda"
                 and not msg.get("exclusive")):
             retry = self._request(index, {**msg, "exclusive": True})
-            for k in ("lock_wait_s", "ready_wait_s"):  # the stage accounting keeps both attempts
+            for k in ("lock_wait_s", "ready_wait_s", "handle_s", "round_trip_s"):  # the stage accounting keeps both attempts
                 retry[k] = float(retry.get(k) or 0.0) + float(reply.get(k) or 0.0)
             retry["sections"] = [*(reply.get("sections") or []), *(retry.get("sections") or [])]
             retry["graphs"] = int(retry.get("graphs") or 0) + int(reply.get("graphs") or 0)

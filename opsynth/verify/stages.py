@@ -12,7 +12,12 @@ so the rounds before it are the cost of calibration. The stages:
     lock_wait      waiting for the device's timing lock (other workers were timing)
     cleanup        after each request: garbage collection, and on CUDA a synchronize and empty_cache
     worker_restart waiting for a replacement worker (recycled or crashed) to finish starting
-    verify_other   the rest of the verification's wall time: pipes, the parent's own work
+    worker_gaps    the worker's time inside a request outside its sections and lock waits (from its
+                   `handle_s`): loading the task before the first section, work between sections
+    pipes          request and reply in transit: the parent's round trip (`round_trip_s`) less the
+                   worker's `handle_s` (pickling, the pipe, the parent's thread waking to read)
+    verify_other   the rest of the verification's wall time: the parent's own work between requests
+                   (batch rescaling, the caller's compile decision)
 
 `gpu_sections` lists the `checks` and `timing` sections (start, end) that ran on the device, so a
 benchmark can take their union over a window as the GPU's busy share; `device_sections` gives them
@@ -24,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 STAGES = ("eager_checks", "calibration", "compile", "timing", "lock_wait", "cleanup", "worker_restart",
-          "verify_other")
+          "worker_gaps", "pipes", "verify_other")
 
 
 def stage_seconds(replies: list[tuple[str, dict[str, Any]]], elapsed_s: float) -> dict[str, float]:
@@ -32,10 +37,13 @@ def stage_seconds(replies: list[tuple[str, dict[str, Any]]], elapsed_s: float) -
     out = dict.fromkeys(STAGES, 0.0)
     last_eager = max((i for i, (op, _) in enumerate(replies) if op == "eager"), default=-1)
     for i, (op, rep) in enumerate(replies):
-        out["lock_wait"] += float(rep.get("lock_wait_s") or 0.0)
+        lock_wait = float(rep.get("lock_wait_s") or 0.0)
+        out["lock_wait"] += lock_wait
         out["worker_restart"] += float(rep.get("ready_wait_s") or 0.0)
+        sectioned = lock_wait
         for kind, start, end in rep.get("sections") or ():
             d = max(0.0, float(end) - float(start))
+            sectioned += d
             if op == "eager" and i != last_eager:
                 out["calibration"] += d
             elif kind == "timing":
@@ -46,6 +54,11 @@ def stage_seconds(replies: list[tuple[str, dict[str, Any]]], elapsed_s: float) -
                 out["cleanup"] += d
             else:
                 out["eager_checks"] += d
+        handle = rep.get("handle_s")
+        if handle is not None:  # replies of workers that report it (not a test's hand-made ones)
+            out["worker_gaps"] += max(0.0, float(handle) - sectioned)
+            if rep.get("round_trip_s") is not None:
+                out["pipes"] += max(0.0, float(rep["round_trip_s"]) - float(handle))
     out["verify_other"] = max(0.0, elapsed_s - sum(out.values()))
     return {k: round(v, 4) for k, v in out.items()}
 

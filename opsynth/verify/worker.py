@@ -473,7 +473,7 @@ class Worker:
         self.sections, self.lock_wait_s, self._compiling = [], 0.0, op == "compile"
         self.timed = []
         self._share = None  # memory_share sets it for this request
-        started = time.time()
+        started = entered = time.time()
         graphs_before, wait_before = _graphs_compiled(), self._aside.wait_s
         self._compile_base = _compile_seconds()  # compile() takes it again after torch._dynamo.reset(), which clears them
         try:
@@ -514,6 +514,7 @@ class Worker:
         reply["compile_split"] = {"dynamo_s": round(spent[0], 4), "backend_s": round(spent[1], 4),
                                   "share_wait_s": round(self._aside.wait_s - wait_before, 4)}
         reply["event"] = "reply"
+        reply["handle_s"] = time.time() - entered  # the parent's stages: worker_gaps, pipes
         return reply
 
     def _healthy(self) -> bool:

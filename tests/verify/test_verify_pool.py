@@ -139,6 +139,7 @@ def test_stage_seconds_account_for_the_verification(pool):
     assert all(v >= 0 for v in s.values()), s
     assert s["calibration"] > 0 and s["eager_checks"] > 0 and s["compile"] > 0 and s["timing"] > 0, s
     assert sum(s.values()) == pytest.approx(r.elapsed_s, abs=0.05)
+    assert s["pipes"] > 0 and s["worker_gaps"] > 0, s  # the real worker reports handle_s, the parent round trips
     assert r.gpu_sections and all(t0 <= a <= b <= t1 for a, b in r.gpu_sections)
     rej = pool.verify(FAULTY["nan_output"][0])
     assert rej.reason == "non_finite" and rej.stage_s["eager_checks"] > 0 and rej.stage_s["compile"] == 0

@@ -37,6 +37,21 @@ def test_a_rejection_in_the_first_round_is_all_eager_checks():
     assert stage_seconds([], elapsed_s=2.0)["verify_other"] == 2.0  # the worker died before replying
 
 
+def test_the_rest_splits_into_worker_gaps_pipes_and_the_parent():
+    """A worker that reports how long it handled each request, and a parent that timed each round trip,
+    split what was `verify_other` into the worker's time outside its sections, the pipes, the parent."""
+    replies = [
+        ("eager", {**_rep(("checks", 0.0, 1.0), ("timing", 1.5, 2.0), wait=0.5), "handle_s": 2.25,
+                   "round_trip_s": 2.5}),
+        ("compile", {**_rep(("compile", 3.0, 5.0), ("cleanup", 5.0, 5.5)), "handle_s": 2.75, "round_trip_s": 2.875}),
+    ]
+    s = stage_seconds(replies, elapsed_s=6.0)
+    assert s["worker_gaps"] == pytest.approx(0.25 + 0.25)
+    assert s["pipes"] == pytest.approx(0.25 + 0.125)
+    assert s["verify_other"] == pytest.approx(6.0 - 5.375)
+    assert sum(s.values()) == pytest.approx(6.0)
+
+
 def test_union_of_overlapping_sections():
     iv = [(0, 2), (1, 3), (5, 6), (5.5, 5.7)]
     assert union_seconds(iv) == pytest.approx(4.0)
