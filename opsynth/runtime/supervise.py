@@ -48,6 +48,78 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
+def trees_rss_bytes(tops) -> dict[int, int]:
+    """Resident memory of each of `tops` with its descendants ({top: 0} for one that is gone), from one
+    listing of /proc for all of them: `tree_rss_bytes` lists every process once per call (psutil's
+    `children(recursive=True)`), 3 ms with 140 processes and 32 ms with 330 on a 2-core CPU, more under
+    gVisor; a pool that watched each of its 16 workers that way 4 times a second spent more than a
+    core of its one GIL on it (`RssWatch`)."""
+    tops = list(tops)
+    if not tops:
+        return {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    out = {}
+    for top, members in _trees(tops, _ppid_map()).items():
+        total = 0
+        for pid in members:
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as f:
+                    total += int(f.read().split()[1]) * page  # size, resident, ... in pages
+            except (OSError, ValueError, IndexError):
+                pass  # ended between the listing and the read
+        out[top] = total
+    return out
+
+
+class RssWatch:
+    """One thread that reads the tree memory of every watched pid every `period_s` (one /proc listing
+    for all of them, `trees_rss_bytes`), for supervisors that each wait on one process: they read the
+    latest reading instead of listing /proc themselves. A reading older than what the caller asks
+    for (`since`) is not given, so memory held before a request is never charged to it."""
+
+    def __init__(self, period_s: float = 0.25):
+        import threading
+
+        self.period_s = period_s
+        self._pids: set[int] = set()
+        self._readings: dict[int, tuple[float, int]] = {}  # pid -> (monotonic time read, bytes)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="opsynth-rss-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, pid: int) -> None:
+        with self._lock:
+            self._pids.add(pid)
+
+    def unwatch(self, pid: int) -> None:
+        with self._lock:
+            self._pids.discard(pid)
+            self._readings.pop(pid, None)
+
+    def rss(self, pid: int, since: float) -> int | None:
+        """The latest reading of `pid`'s tree if it was taken at or after `since` (monotonic)."""
+        with self._lock:
+            got = self._readings.get(pid)
+        return got[1] if got is not None and got[0] >= since else None
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                pids = list(self._pids)
+            if pids:
+                t = time.monotonic()
+                readings = trees_rss_bytes(pids)
+                with self._lock:
+                    for pid, rss in readings.items():
+                        if pid in self._pids:
+                            self._readings[pid] = (t, rss)
+            self._stop.wait(self.period_s)
+
+
 def exit_signal(returncode: int | None, confined: bool) -> int | None:
     """The signal that ended a process, from its return code: negative for a process we started
     directly; 128 + n for a confined one, whose waiting outer process exits with that code when the

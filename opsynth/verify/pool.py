@@ -94,8 +94,11 @@ class WorkerProcess:
     """One worker subprocess: its pipes, its output tail, and request/response with a deadline."""
 
     def __init__(self, cfg: VerifyConfig, device: str, env: dict[str, str], cwd: str, host_limit_bytes: int,
-                 sandbox: dict[str, Any] | None = None):
+                 sandbox: dict[str, Any] | None = None, rss_watch: supervise.RssWatch | None = None):
+        """`rss_watch`: the pool's one reader of its workers' memory (None: this process lists its
+        own tree at each check, fine for one worker, a core's worth of GIL for sixteen)."""
         self.cfg = cfg
+        self._rss_watch = rss_watch
         self.confined = sandbox is not None
         self.device = device
         self.host_limit_bytes = host_limit_bytes
@@ -157,6 +160,8 @@ class WorkerProcess:
                 raise RuntimeError(f"verifier worker failed to start: {msg.get('error', msg)}")
             self.ready = msg
             self._base_rss = supervise.tree_rss_bytes(self.proc.pid)
+            if self._rss_watch is not None:
+                self._rss_watch.watch(self.proc.pid)
         return self.ready
 
     def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -172,7 +177,8 @@ class WorkerProcess:
         importing the compiler) is not counted; an import pause is itself bounded by
         startup_timeout_s. Raises WorkerGone (after killing the worker) on death, timeout or
         memory."""
-        deadline = time.monotonic() + timeout
+        since = time.monotonic()
+        deadline = since + timeout
         paused_at: float | None = None
         pause_kind = ""
         next_mem = 0.0
@@ -208,12 +214,19 @@ class WorkerProcess:
                 self.kill()
                 raise self._gone("worker_error", "importing the compiler stack took longer than startup_timeout_s")
             if watch_memory and now >= next_mem:
-                next_mem = now + 0.25
-                rss = supervise.tree_rss_bytes(self.proc.pid)  # confined: the work is the pid's child
-                if rss - self._base_rss > self.host_limit_bytes:
+                rss = self._rss(since)
+                next_mem = now + (0.0 if self._rss_watch is not None else 0.25)  # a reading costs nothing there
+                if rss is not None and rss - self._base_rss > self.host_limit_bytes:
                     self.kill()
                     raise self._gone("oom", f"host memory grew by {(rss - self._base_rss) / 2**30:.1f} GB, "
                                      f"above the {self.host_limit_bytes / 2**30:.1f} GB limit")
+
+    def _rss(self, since: float) -> int | None:
+        """The worker's tree memory (confined: the work is the pid's child), read at or after `since`
+        (None: no such reading yet)."""
+        if self._rss_watch is None:
+            return supervise.tree_rss_bytes(self.proc.pid)
+        return self._rss_watch.rss(self.proc.pid, since)
 
     def _gone(self, reason: str, message: str, **evidence: Any) -> WorkerGone:
         code = self.proc.poll()
@@ -228,6 +241,8 @@ class WorkerProcess:
         return WorkerGone(reason, message, **evidence)
 
     def kill(self) -> None:
+        if self._rss_watch is not None:
+            self._rss_watch.unwatch(self.proc.pid)
         if self.proc.poll() is None:
             supervise.kill_group(self.proc.pid)  # the worker, confined or not, and anything it spawned (cc)
         try:
@@ -281,6 +296,7 @@ class WorkerPool:
         self._executor: ThreadPoolExecutor | None = None
         self._tmp: str | None = None
         self._box = None  # confine.Box when sandboxed
+        self._rss_watch: supervise.RssWatch | None = None  # while started: one memory reader for all workers
         self._closed = True
         self.restarts = 0
 
@@ -310,7 +326,7 @@ class WorkerPool:
         if self._box is not None:
             cfg, readable = self._lock_for(env)
             request = self._box.request(index, readable)
-        return WorkerProcess(cfg, self.device, env, self._tmp, int(host_gb * 2**30), request)
+        return WorkerProcess(cfg, self.device, env, self._tmp, int(host_gb * 2**30), request, self._rss_watch)
 
     def _lock_for(self, env: dict[str, str]) -> tuple[VerifyConfig, list[str]]:
         """A confined worker's config and the lock file it must reach. Its TMPDIR is its scratch,
@@ -332,6 +348,7 @@ class WorkerPool:
             from .confine import Box
 
             self._box = Box.prepare(self._tmp, self.n_workers)
+        self._rss_watch = supervise.RssWatch()
         self._slots = [self._spawn(i) for i in range(self.n_workers)]  # all start importing at once
         try:
             for w in self._slots:
@@ -362,6 +379,9 @@ class WorkerPool:
                 w.close()
         self._slots = [None] * self.n_workers
         self._idle = queue.Queue()
+        if self._rss_watch is not None:
+            self._rss_watch.close()
+            self._rss_watch = None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

@@ -126,3 +126,48 @@ def test_process_state_of_a_gone_process_is_none():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(10)
     assert process_state(proc.pid) is None
+
+
+GROW = "import os, sys, time\nif os.fork() == 0:\n    b = bytearray(200 << 20)\n    b[::4096] = b'x' * len(b[::4096])\n    print('grown', flush=True)\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"
+
+
+def test_one_listing_reads_each_tree_as_the_per_tree_reading_does():
+    """`trees_rss_bytes` (one /proc listing for every tree) counts a child's memory in its tree, as
+    `tree_rss_bytes` does, and a pid that is gone reads 0."""
+    from opsynth.runtime.supervise import tree_rss_bytes, trees_rss_bytes
+
+    proc = subprocess.Popen([sys.executable, "-c", GROW], stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert proc.stdout.readline().strip() == "grown"
+        got = trees_rss_bytes([proc.pid, idle.pid, 2**22 + 7])
+        assert got[2**22 + 7] == 0
+        assert got[proc.pid] > 200 << 20 > got[idle.pid] > 0
+        assert abs(got[proc.pid] - tree_rss_bytes(proc.pid)) < 16 << 20
+    finally:
+        _kill_tree(proc)
+        _kill_tree(idle)
+
+
+def test_the_watch_gives_only_readings_taken_after_the_caller_asks():
+    """A supervisor reads its worker's memory from the shared watch; a reading from before its
+    request (memory another request held) is never given to it."""
+    from opsynth.runtime.supervise import RssWatch
+
+    watch = RssWatch(period_s=0.05)
+    proc = subprocess.Popen([sys.executable, "-c", GROW], stdout=subprocess.PIPE, text=True)
+    try:
+        watch.watch(proc.pid)
+        assert proc.stdout.readline().strip() == "grown"
+        assert watch.rss(proc.pid, time.monotonic() + 3600) is None  # nothing read after that yet
+        since = time.monotonic()
+        deadline = time.monotonic() + 10
+        while (got := watch.rss(proc.pid, since)) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert got > 200 << 20
+        watch.unwatch(proc.pid)
+        assert watch.rss(proc.pid, 0.0) is None
+    finally:
+        watch.close()
+        _kill_tree(proc)

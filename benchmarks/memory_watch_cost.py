@@ -1,0 +1,104 @@
+"""The parent's CPU for watching its verifier workers' memory: each waiting thread listing /proc for
+its own worker (`tree_rss_bytes` every 0.25 s, as the pool did until 2026-12-06) against one
+`RssWatch` thread reading every worker's tree from one listing every 0.25 s.
+
+Runs on any Linux: `--workers` sleeping processes stand for the verifier workers, `--others` more
+for the rest of the machine (compile workers, Dask, the system), since each listing reads every
+process. Prints the parent's CPU seconds per wall second (one core = 1.0; one GIL caps the parent's
+Python at 1.0) and writes JSON.
+
+    python benchmarks/memory_watch_cost.py --workers 16 --others 300 --json benchmarks/results/memory_watch_cost_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from opsynth.runtime import supervise  # noqa: E402
+
+
+def _per_thread(pids: list[int], seconds: float) -> float:
+    stop = threading.Event()
+
+    def wait(pid: int) -> None:
+        while not stop.is_set():
+            supervise.tree_rss_bytes(pid)
+            stop.wait(0.25)
+
+    threads = [threading.Thread(target=wait, args=(p,)) for p in pids]
+    c = time.process_time()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return (time.process_time() - c) / seconds
+
+
+def _one_watch(pids: list[int], seconds: float) -> float:
+    c = time.process_time()
+    watch = supervise.RssWatch(0.25)
+    for p in pids:
+        watch.watch(p)
+    stop = threading.Event()
+
+    def wait(pid: int) -> None:  # what each pool thread now does: read the latest reading
+        since = time.monotonic()
+        while not stop.is_set():
+            watch.rss(pid, since)
+            stop.wait(0.1)
+
+    threads = [threading.Thread(target=wait, args=(p,)) for p in pids]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    watch.close()
+    return (time.process_time() - c) / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--others", type=int, default=300)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(args.workers + args.others)]
+    try:
+        workers = [p.pid for p in procs[: args.workers]]
+        n_proc = sum(1 for n in Path("/proc").iterdir() if n.name.isdigit())
+        per_listing = time.perf_counter()
+        for _ in range(10):
+            supervise.tree_rss_bytes(workers[0])
+        per_listing = (time.perf_counter() - per_listing) / 10
+        old = _per_thread(workers, args.seconds)
+        new = _one_watch(workers, args.seconds)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    print(f"{args.workers} workers watched, {n_proc} processes on the machine, one listing {1e3 * per_listing:.1f} ms")
+    print(f"{'how':<34}{'parent CPU s / s':>18}")
+    print(f"{'a listing per thread, every 0.25 s':<34}{old:>18.3f}")
+    print(f"{'one RssWatch, every 0.25 s':<34}{new:>18.3f}")
+    out = {"workers": args.workers, "processes": n_proc, "listing_ms": 1e3 * per_listing,
+           "per_thread_cpu_per_s": old, "one_watch_cpu_per_s": new, "seconds": args.seconds,
+           "machine": "2-core CPU (no GPU), plain Linux kernel (gVisor lists /proc more slowly)"}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
