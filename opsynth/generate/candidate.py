@@ -75,12 +75,19 @@ class Candidate:
     signature: str | None = None  # of the sampled graph, sizes excluded (within-run dedup)
     stage_s: dict[str, float] = field(default_factory=dict)  # seconds per stage (verify/stages.py names the verifier's)
     row: TaskRow | None = None
-    # Filled as the chain goes on; not sent back.
+    # Filled by the stages before verification, in this process or a preparing one (`opsynth.generate.
+    # prepare`: these plain fields are what crosses back from there, `PREPARED`); not sent back.
+    source: str | None = None
+    kb_row: dict[str, Any] = field(default_factory=lambda: {"kb_max_similarity": None, "kb_nearest": None})
+    ops: list[str] | None = None
+    data_source: str | None = None
+    num_ops: int | None = None
+    graph_json: str | None = None  # the sized graph
+    predicted_ms: float | None = None
+    # Objects of this process's stages only (None after a preparing process).
     sampled: Any = None  # opsynth.graph.SampledTask
     size: Any = None  # opsynth.verify.sizing.SizeChoice
     graph: Any = None  # the sized OpGraph
-    source: str | None = None
-    kb_row: dict[str, Any] = field(default_factory=lambda: {"kb_max_similarity": None, "kb_nearest": None})
     verified: Any = None  # opsynth.verify.VerifyResult
     committed: frozenset | None = None  # trace signatures of rows committed before this candidate was sent
     gpu: int | None = None
@@ -95,8 +102,8 @@ class Candidate:
                                "signature": self.signature, "evidence": self.evidence, "stage_s": self.stage_s}
         if self.verified is not None and self.verified.signature:  # the eager checks passed: the committer's
             rec["trace_signature"] = self.verified.signature  # semantic-duplicate test comes before compile's verdict
-        if self.size is not None and not self.size.reason:
-            rec["predicted_ms"] = self.size.predicted_ms
+        if self.predicted_ms is not None:
+            rec["predicted_ms"] = self.predicted_ms
         if self.verified is not None:
             rec["gpu_sections"], rec["gpu"] = self.verified.gpu_sections, self.gpu
             rec["device_sections"] = self.verified.device_sections
@@ -123,10 +130,11 @@ def sample(ctx: dict, cand: Candidate) -> bool:
 
     with _timed(cand, "sampling"):
         try:
-            cand.sampled = ctx["sampler"].sample(cand.seed)
+            st = cand.sampled = ctx["sampler"].sample(cand.seed)
         except SamplingError as e:
             return cand.reject("sampling_failed", str(e))
-        cand.signature = cand.sampled.graph.signature()  # sizes are not part of it
+        cand.signature = st.graph.signature()  # sizes are not part of it
+        cand.ops, cand.data_source, cand.num_ops = st.graph.ops(), st.data_source, st.num_ops
     return True
 
 
@@ -144,6 +152,7 @@ def size(ctx: dict, cand: Candidate) -> bool:
         if cand.size.reason:
             return cand.reject(cand.size.reason, cand.size.evidence())
         cand.graph = with_batch(cand.sampled.graph, cand.size.batch)
+        cand.predicted_ms = cand.size.predicted_ms
     return True
 
 
@@ -153,6 +162,7 @@ def render(ctx: dict, cand: Candidate) -> bool:
 
     with _timed(cand, "sizing"):
         cand.source = render_task(cand.graph, ctx["catalog"])
+        cand.graph_json = cand.graph.to_json()
     return True
 
 
@@ -192,15 +202,15 @@ def make_row(ctx: dict, cand: Candidate) -> bool:
     from opsynth.render import task_id
     from opsynth.render.task_file import task_kind
 
-    res, st = cand.verified, cand.sampled
+    res = cand.verified
     kind = task_kind(res.source)  # what the code states is what the row says
     cand.row = TaskRow(
         code=res.source,
-        ops=st.graph.ops(),
-        data_source=st.data_source,
+        ops=list(cand.ops),
+        data_source=cand.data_source,
         task_id=task_id(res.source),
-        num_ops=st.num_ops,
-        graph=cand.graph.to_json(),
+        num_ops=cand.num_ops,
+        graph=cand.graph_json,
         input_shapes=json.dumps(_input_shapes(res.source, kind.dtype)),
         eager_ms=float(res.eager_ms),
         compile_ms=float(res.compile_ms) if res.compile_ms is not None else float("nan"),
@@ -218,21 +228,40 @@ def make_row(ctx: dict, cand: Candidate) -> bool:
     return True
 
 
-STAGES: tuple[Callable[[dict, Candidate], bool], ...] = (sample, size, render, check_kernelbench, verify, make_row)
+# Before verification (what a preparing process runs: opsynth.generate.prepare), then on this process's pool.
+PREPARE_STAGES: tuple[Callable[[dict, Candidate], bool], ...] = (sample, size, render, check_kernelbench)
+VERIFY_STAGES: tuple[Callable[[dict, Candidate], bool], ...] = (verify, make_row)
+STAGES = PREPARE_STAGES + VERIFY_STAGES
+# What the stages before verification leave on a candidate, as plain values: all that crosses back from a
+# preparing process, and all that the later stages and the record read of them.
+PREPARED = ("reason", "evidence", "signature", "stage_s", "source", "kb_row", "ops", "data_source", "num_ops",
+            "graph_json", "predicted_ms")
+
+
+def prepare(ctx: dict, cand: Candidate) -> bool:
+    """The stages before verification, here; False when one of them rejected the candidate."""
+    return all(stage(ctx, cand) for stage in PREPARE_STAGES)  # stops at the first rejection
 
 
 def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict,
-                      kb_check: bool = True, committed: frozenset | None = None) -> dict:
+                      kb_check: bool = True, committed: frozenset | None = None,
+                      prepare_processes: int | None = None) -> dict:
     """Sample, render, check against KernelBench and verify one candidate. Never raises for a bad
     candidate: every outcome is a record with `accepted` and, when rejected, a named `reason`.
     committed: trace signatures of rows committed before this candidate (any subset of them is
-    sound: the committer's index only grows); a match skips torch.compile."""
+    sound: the committer's index only grows); a match skips torch.compile.
+    prepare_processes: processes of this worker that run the stages before verification
+    (`opsynth.generate.prepare`; None: its default for the device, 0: these threads run them)."""
     cand = Candidate(index=index, seed=seed, committed=committed)
     with _timed(cand, "worker_start"):  # the first candidate of a process starts its verify pool
-        ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check)
-    for stage in STAGES:
-        if not stage(ctx, cand):
-            break
+        ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check, prepare_processes)
+    pool, preparers = ctx["pool"], ctx.get("prep")
+    ready = (preparers.prepare(cand, pool.task_mem_budget_mb, ctx) if preparers is not None
+             else prepare(ctx, cand))
+    if ready:
+        for stage in VERIFY_STAGES:
+            if not stage(ctx, cand):
+                break
     return cand.to_record()
 
 
@@ -315,10 +344,14 @@ def serialize_ast_parse() -> None:
     ast.parse = parse
 
 
-def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool) -> dict:
-    """The per-process sampler, verify pool and KernelBench index for these settings. Each part is
-    rebuilt only when its own settings change (a new verify pool costs a torch import per worker;
-    a new sampler or index costs milliseconds to seconds)."""
+_KEEP = object()  # `_context`: leave the preparing processes as they are (a new pool gets the default)
+
+
+def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool,
+             prepare_processes: Any = _KEEP) -> dict:
+    """The per-process sampler, verify pool, KernelBench index and preparing processes for these
+    settings. Each part is rebuilt only when its own settings change (a new verify pool costs a
+    torch import per worker; a new sampler or index costs milliseconds to seconds)."""
     def key(*parts) -> str:
         return json.dumps(parts, sort_keys=True, default=str)
 
@@ -341,14 +374,38 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
                 vcfg.cuda_devices = [gpu]
             if not vcfg.n_workers:
                 vcfg.n_workers = _worker_threads()
+            n = None if prepare_processes is _KEEP else prepare_processes
+            _restart_preparers(sampler_cfg, verify_cfg, dedup_cfg, kb_check, n, force=True)  # they import beside the pool
             # Every source here is a graph the sampler generated: `verify.sandbox=auto` runs it unconfined.
             _CTX.update(pool=WorkerPool(vcfg, sampled=True).start(), pool_key=key(verify_cfg), gpu=gpu, verify_cfg=vcfg)
+        elif prepare_processes is not _KEEP:
+            _restart_preparers(sampler_cfg, verify_cfg, dedup_cfg, kb_check, prepare_processes)
             if not _CTX.get("atexit"):
                 import atexit
 
                 atexit.register(_close_context)
                 _CTX["atexit"] = True
         return _CTX
+
+
+def _restart_preparers(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool,
+                       n: int | None, force: bool = False) -> None:
+    """This process's preparing processes for these settings, `n` of them (None: the device's
+    default), restarted only when the settings or the count changed, or `force` (a new verify pool);
+    the caller holds `_CTX_LOCK`."""
+    from opsynth.generate.prepare import Preparers, default_processes
+    from opsynth.verify.pool import detect_device
+
+    device = detect_device(verify_cfg["device"])
+    n = max(0, default_processes(device) if n is None else int(n))
+    pkey = json.dumps((sampler_cfg, verify_cfg, dedup_cfg, kb_check, n), sort_keys=True, default=str)
+    if not force and _CTX.get("prep_key") == pkey:
+        return
+    old = _CTX.pop("prep", None)
+    if old is not None:
+        old.close()
+    _CTX["prep"] = Preparers(n, sampler_cfg, verify_cfg, dedup_cfg, kb_check, device) if n > 0 else None
+    _CTX["prep_key"] = pkey
 
 
 def _ensure_sampler(sampler_cfg: dict, verify_cfg: dict) -> None:
@@ -395,6 +452,10 @@ def _close_context() -> None:
     with _CTX_LOCK:
         pool = _CTX.pop("pool", None)
         _CTX.pop("pool_key", None)
+        prep = _CTX.pop("prep", None)
+        _CTX.pop("prep_key", None)
+    if prep is not None:
+        prep.close()
     if pool is not None:
         pool.close()
 

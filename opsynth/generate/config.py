@@ -57,6 +57,10 @@ class GenerateConfig:
     # Send each candidate the committed rows' trace signatures, so a semantic duplicate stops before
     # torch.compile (rows and reasons are the same either way; false: every candidate compiles).
     skip_duplicate_compiles: bool = True
+    # Processes per Dask worker that sample, size, render and decontaminate candidates before they are
+    # verified (`opsynth.generate.prepare`: off the worker's one GIL; rows are the same with any count).
+    # null: 2 when verifying on CUDA, 0 on CPU; 0: the worker's threads do it.
+    prepare_processes: int | None = None
 
     def __post_init__(self) -> None:
         self.check_values()
@@ -73,6 +77,11 @@ class GenerateConfig:
             raise ValueError(f"mixture_quota must be true or false, got {self.mixture_quota!r}")
         if not isinstance(self.skip_duplicate_compiles, bool):
             raise ValueError(f"skip_duplicate_compiles must be true or false, got {self.skip_duplicate_compiles!r}")
+        if self.prepare_processes is not None and (isinstance(self.prepare_processes, bool)
+                                                   or not isinstance(self.prepare_processes, int)
+                                                   or self.prepare_processes < 0):
+            raise ValueError(f"prepare_processes must be an integer >= 0 or null (2 on CUDA, 0 on CPU), "
+                             f"got {self.prepare_processes!r}")
         if isinstance(self.mixture_give_up, bool) or not isinstance(self.mixture_give_up, int) or self.mixture_give_up < 0:
             raise ValueError(f"mixture_give_up must be an integer >= 0 (0: never give a slot up), got {self.mixture_give_up!r}")
 

@@ -390,7 +390,8 @@ def _regenerate(cfg: GenerateConfig, out: Path, missing: list[tuple[int, str]]) 
                 log.warning("seed %d is not a candidate of seed=%d; it cannot be regenerated", seed, cfg.seed)
                 continue
             futures[tid] = handle.client.submit(process_candidate, index, seed, sampler_cfg, verify_cfg, dedup_cfg,
-                                                cfg.kb_check, key=f"repair-{cfg.seed}-{index}", pure=False, **submit_kw)
+                                                cfg.kb_check, prepare_processes=cfg.prepare_processes,
+                                                key=f"repair-{cfg.seed}-{index}", pure=False, **submit_kw)
         out = {}
         for tid, f in futures.items():
             try:
@@ -456,7 +457,8 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
 
     def submit(i: int) -> None:
         f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
-                          dedup_cfg, cfg.kb_check, committed=feed.current(), key=f"candidate-{cfg.seed}-{i}",
+                          dedup_cfg, cfg.kb_check, committed=feed.current(), prepare_processes=cfg.prepare_processes,
+                          key=f"candidate-{cfg.seed}-{i}",
                           pure=False, **submit_kw)
         inflight[i] = f
         ac.add(f)

@@ -191,3 +191,18 @@ def test_a_candidate_whose_forward_is_committed_skips_its_compile(cfgs, accepted
     assert other["compile_split"]["dynamo_s"] > 0  # a later compile in the same worker is counted too
     assert {k: v for k, v in other["row"].items() if k not in measured} == \
         {k: v for k, v in accepted["row"].items() if k not in measured}
+
+
+def test_a_candidate_prepared_in_a_preparing_process_gives_the_same_row(cfgs, accepted):
+    """`prepare_processes=1`: sampled, sized, rendered and checked against KernelBench in a process of
+    its own, then verified here; the row is the in-process one's, measurements aside."""
+    sampler, verify, dedup = cfgs
+    rec = candidate.process_candidate(0, SEED, sampler, verify, dedup, True, prepare_processes=1)
+    measured = ("eager_ms", "compile_ms")
+    assert rec["accepted"] is True, rec
+    assert {k: v for k, v in rec["row"].items() if k not in measured} == \
+        {k: v for k, v in accepted["row"].items() if k not in measured}
+    assert rec["signature"] == accepted["signature"] and "prepare_wait" in rec["stage_s"]
+    assert candidate._CTX["prep"].fallbacks == 0
+    back = candidate.process_candidate(0, SEED, sampler, verify, dedup, True, prepare_processes=0)
+    assert candidate._CTX["prep"] is None and "prepare_wait" not in back["stage_s"]

@@ -35,7 +35,7 @@ def install(monkeypatch, tasks, folder):
     driver_tests.install_fake(monkeypatch, tasks, folder)  # the cluster and peaks stand-ins
     log = folder / "compiles.txt"
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None):
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):
         time.sleep(max(0.0, 0.2 - 0.02 * (index % 10)))
         t, sig = tasks[index], _calls(index)
         rec = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,

@@ -65,9 +65,10 @@ def install_fake(monkeypatch, tasks, folder):
     log = folder / "calls.txt"
     fake = SimpleNamespace(accept=_accepts, calls=lambda: [int(x) for x in log.read_text().split()] if log.exists() else [])
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None):
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):
         with open(log, "a") as f:
             f.write(f"{index}\n")
+        (folder / "prepare_processes.txt").write_text(repr(prepare_processes))
         time.sleep(max(0.0, 0.2 - 0.02 * (index % 10)))
         t = tasks[index]  # everything precomputed: the stand-in does no parsing of its own
         rec = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
@@ -142,6 +143,11 @@ def test_rows_are_committed_in_candidate_order(tmp_path, tasks, fake):
     state = json.loads((tmp_path / "ds" / STATE_FILE).read_text())
     # one past the candidate that brought the 8th row: nothing after it was committed
     assert state["finished"] is True and state["next_index"] == next_index
+
+
+def test_each_candidate_is_sent_the_runs_prepare_processes(tmp_path, tasks, fake):
+    _run_with_deadline(_cfg(tmp_path / "ds", 2, prepare_processes=3))
+    assert (tmp_path / "prepare_processes.txt").read_text() == "3"
 
 
 def test_a_resumed_run_continues_where_the_first_stopped(tmp_path, tasks, fake):
@@ -219,7 +225,7 @@ def test_a_candidate_that_kills_its_dask_worker_twice_is_rejected_and_the_run_go
     candidate take its Dask worker down anyway, Dask retries it once on a restarted worker and the
     second death is a rejection with reason killed_worker, not a failed run."""
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None):  # nested: pickled by value
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):  # nested: pickled by value
         if index == 1:
             os._exit(1)
         return {"index": index, "seed": seed, "accepted": False, "reason": "too_fast", "row": None,
@@ -302,7 +308,7 @@ def test_cluster_scheduler_runs_on_an_existing_dask_cluster_and_leaves_it_runnin
     plain = {i: {k: t[k] for k in ("code", "task_id", "signature", "ops", "graph")} | {
         "data_source": t["st"].data_source, "num_ops": t["st"].num_ops} for i, t in tasks.items()}
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None):  # nested: pickled by value
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):  # nested: pickled by value
         import os
 
         with open(log, "a") as f:

@@ -1,0 +1,225 @@
+"""The candidate stages before verification (sample, size, render, the KernelBench check) in
+processes of their own: ``python -m opsynth.generate.prepare --req-fd R --resp-fd W --config JSON``.
+
+Why: `process_candidate` runs in a Dask worker's threads, which share one GIL with everything else
+that process does for its candidates (the verify pool's pipes and memory watch, Dask itself). On a
+GPU most sampled candidates are rejected at sizing (`predicted_oom`, `too_fast`: 56 % with an H200
+shared by 16 verifier workers, `benchmarks/parent_stages.py`), so 200 accepted rows a minute ask that
+process to sample and size 450 to 1,700 candidates a minute at about 27 ms of CPU each: most of its
+one core. On the 2026-12-06 H100 windows, sizing per accepted row doubled from 14 to 16 verifier
+workers (0.47 -> 0.94 s) while the rate moved 1.5 %.
+
+Subprocesses and the verifier's pipe protocol (`opsynth.verify.protocol`) rather than
+multiprocessing, for the reason the verifier's workers give: Dask's worker processes are daemonic
+and may not have multiprocessing children. These processes run trusted code only (our sampler and
+the cost model on meta tensors, never a task), need no GPU, and send back the plain fields the later
+stages read (`candidate.PREPARED`), the same whichever process prepared them: a candidate a
+preparing process could not serve (it died, or did not answer in time) is prepared in the asking
+process instead, so rows never depend on where they were prepared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from opsynth.runtime import supervise
+from opsynth.verify import protocol
+
+# Seconds one candidate may take to prepare before its process is replaced (sampling and sizing take
+# milliseconds; a replay that hangs is a bug, and the candidate is then prepared in the asking process).
+PREPARE_TIMEOUT_S = 300.0
+# Seconds a preparing process may take to import torch, the catalog and the KernelBench index.
+STARTUP_TIMEOUT_S = 600.0
+
+
+def default_processes(device: str) -> int:
+    """Preparing processes when `prepare_processes` is unset: 2 on CUDA (two cores take what one GIL
+    could not; the machine's other cores serve the verifier), none on CPU, where the verifier's
+    workers already use every core and candidates come slowly."""
+    return 2 if device == "cuda" else 0
+
+
+class _Stand:
+    """What the `size` stage reads of the verify pool: its device and the memory one request may use."""
+
+    def __init__(self, device: str, budget_mb: float):
+        self.device, self.task_mem_budget_mb = device, budget_mb
+
+
+class _Process:
+    """One preparing process and its pipes."""
+
+    def __init__(self, config: dict[str, Any]):
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        env = dict(os.environ)
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["CUDA_VISIBLE_DEVICES"] = ""  # meta tensors only: no CUDA context, no GPU memory
+        env["OMP_NUM_THREADS"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "opsynth.generate.prepare", "--req-fd", str(req_r), "--resp-fd", str(resp_w),
+             "--config", json.dumps(config)],
+            pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+            start_new_session=True)
+        os.close(req_r)
+        os.close(resp_w)
+        self.reader = protocol.Reader(self.resp_r)
+        self.ready = False
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        """The next message, or ProtocolClosed / ProtocolTimeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.reader.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+            if msg is not None:
+                return msg
+            if self.proc.poll() is not None:
+                raise protocol.ProtocolClosed(f"preparing process exited with code {self.proc.returncode}")
+            if time.monotonic() >= deadline:
+                raise protocol.ProtocolTimeout(f"no answer within {timeout:.0f} s")
+
+    def close(self) -> None:
+        supervise.kill_group(self.proc.pid)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (self.req_w, self.resp_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class Preparers:
+    """`n` preparing processes shared by a Dask worker's threads (see the module docstring)."""
+
+    def __init__(self, n: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool, device: str):
+        if n < 1:
+            raise ValueError(f"prepare_processes must be >= 1 here, got {n}")
+        self.config = {"sampler": sampler_cfg, "verify": verify_cfg, "dedup": dedup_cfg, "kb_check": kb_check,
+                       "device": device}
+        self.n = n
+        self.replaced = 0
+        self.fallbacks = 0
+        self._lock = threading.Lock()
+        self._slots = [_Process(self.config) for _ in range(n)]  # they import while the verify pool starts
+        self._idle: queue.Queue[int] = queue.Queue()
+        for i in range(n):
+            self._idle.put(i)
+
+    def prepare(self, cand, budget_mb: float, here) -> bool:
+        """Run the stages before verification for `cand` in a preparing process and fill its plain
+        fields from the answer; on a process that fails, replace it and run them with `here` (the
+        asking process's context) instead. False when a stage rejected the candidate."""
+        from opsynth.generate.candidate import PREPARED, prepare
+
+        t0 = time.perf_counter()
+        i = self._idle.get()
+        waited = time.perf_counter() - t0
+        answer = None
+        try:
+            answer = self._ask(i, {"index": cand.index, "seed": cand.seed, "budget_mb": budget_mb})
+        finally:
+            self._idle.put(i)
+        if answer is None:  # the process failed (replaced): prepare here, the same way
+            with self._lock:
+                self.fallbacks += 1
+            return prepare(here, cand)
+        if "error" in answer:  # a stage raised there: it would have raised here too
+            raise RuntimeError(f"preparing candidate {cand.index} (seed {cand.seed}) failed: {answer['error']}")
+        for name in PREPARED:
+            if name == "stage_s":
+                cand.stage_s.update(answer[name])  # beside the asking process's worker_start
+            else:
+                setattr(cand, name, answer[name])
+        # The round trip less the stages' own time: waiting for a free process, the pipes, the JSON.
+        inner = sum(answer["stage_s"].values())
+        cand.stage_s["prepare_wait"] = waited + max(0.0, time.perf_counter() - t0 - waited - inner)
+        return answer["reason"] is None
+
+    def _ask(self, i: int, msg: dict[str, Any]) -> dict[str, Any] | None:
+        p = self._slots[i]
+        try:
+            if not p.ready:
+                got = p.wait(STARTUP_TIMEOUT_S)
+                if got.get("event") != "ready":
+                    raise protocol.ProtocolClosed(f"preparing process failed to start: {got.get('error', got)}")
+                p.ready = True
+            protocol.send(p.req_w, msg)
+            return p.wait(PREPARE_TIMEOUT_S)
+        except (protocol.ProtocolClosed, protocol.ProtocolTimeout, OSError) as e:
+            sys.stderr.write(f"opsynth.generate.prepare: replacing a preparing process ({e})\n")
+            p.close()
+            self._slots[i] = _Process(self.config)
+            with self._lock:
+                self.replaced += 1
+            return None
+
+    def close(self) -> None:
+        for p in self._slots:
+            try:
+                protocol.send(p.req_w, {"op": "exit"})
+            except OSError:
+                pass
+            p.close()
+
+
+def _serve(config: dict[str, Any], req_fd: int, resp_fd: int) -> int:
+    """The preparing process's loop: one request at a time, an answer for each."""
+    from opsynth.generate import candidate as c
+
+    try:
+        c.serialize_ast_parse()
+        c._ensure_sampler(config["sampler"], {"device": config["device"]})
+        ctx: dict[str, Any] = {"sampler": c._CTX["sampler"], "catalog": c._CTX["catalog"],
+                               "verify_cfg": c.VerifyConfig(**config["verify"])}
+        if config["kb_check"]:
+            from opsynth.dedup import KernelBenchIndex
+
+            ctx["kb"] = KernelBenchIndex.from_config(config["dedup"])
+        else:
+            ctx["kb"] = None
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which replaces the process
+        protocol.send(resp_fd, {"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    protocol.send(resp_fd, {"event": "ready", "pid": os.getpid()})
+    while True:
+        try:
+            msg = protocol.recv(req_fd)
+        except protocol.ProtocolClosed:  # the parent went away
+            return 0
+        if msg.get("op") == "exit":
+            return 0
+        cand = c.Candidate(index=msg["index"], seed=msg["seed"])
+        try:
+            ctx["pool"] = _Stand(config["device"], msg["budget_mb"])
+            c.prepare(ctx, cand)
+            answer = {name: getattr(cand, name) for name in c.PREPARED}
+        except Exception:  # noqa: BLE001 - a bug in a stage: the asking thread raises it, as it would in process
+            answer = {"error": traceback.format_exc(limit=8)}
+        protocol.send(resp_fd, json.loads(json.dumps(answer, default=str)))  # evidence may hold numpy scalars
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--req-fd", type=int, required=True)
+    ap.add_argument("--resp-fd", type=int, required=True)
+    ap.add_argument("--config", required=True, help="sampler, verify and dedup settings, kb_check, device (JSON)")
+    args = ap.parse_args(argv)
+    return _serve(json.loads(args.config), args.req_fd, args.resp_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

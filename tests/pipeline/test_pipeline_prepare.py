@@ -1,0 +1,111 @@
+"""The stages before verification in preparing processes (`opsynth.generate.prepare`): a candidate
+prepared there carries exactly what it carries when the asking process prepares it (rows do not
+depend on where), and a preparing process that dies costs nothing but its restart: the candidate is
+prepared in the asking process instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from opsynth.dedup import DedupConfig
+from opsynth.generate import candidate as c
+from opsynth.generate.prepare import Preparers
+from opsynth.graph import SamplerConfig
+from opsynth.verify import VerifyConfig
+
+# GPU sizes, sized for an H200 shared by 16 workers (the cost model runs on meta tensors: no GPU here),
+# so that both kinds of outcome come up: predicted_oom at sizing, and candidates that reach the verifier.
+BUDGET_MB = VerifyConfig(device="cuda").task_memory_budget_mb("cuda", 140 * 1024, 16)
+SEEDS = range(7_000_000, 7_000_024)
+
+
+@pytest.fixture(scope="module")
+def cfgs(kernelbench_parquet):
+    return (dataclasses.asdict(SamplerConfig()), dataclasses.asdict(VerifyConfig(device="cuda")),
+            dataclasses.asdict(DedupConfig(kb_path=str(kernelbench_parquet))))
+
+
+@pytest.fixture(scope="module")
+def here(cfgs):
+    """The asking process's own context for these settings, without a verify pool."""
+    sampler, verify, dedup = cfgs
+    from opsynth.dedup import KernelBenchIndex
+    from opsynth.generate.prepare import _Stand
+
+    with c._CTX_LOCK:
+        c._ensure_sampler(sampler, verify)
+        ctx = {"sampler": c._CTX["sampler"], "catalog": c._CTX["catalog"], "verify_cfg": VerifyConfig(**verify),
+               "kb": KernelBenchIndex.from_config(dedup), "pool": _Stand("cuda", BUDGET_MB)}
+    return ctx
+
+
+def _fields(cand) -> dict:
+    """What the later stages and the record read of a prepared candidate (timings aside), as JSON."""
+    return json.loads(json.dumps({k: getattr(cand, k) for k in c.PREPARED if k != "stage_s"}, default=str))
+
+
+def _in_process(here, seed: int):
+    cand = c.Candidate(index=seed, seed=seed)
+    return cand, c.prepare(here, cand)
+
+
+def test_a_preparing_process_gives_what_the_asking_process_gives(cfgs, here):
+    sampler, verify, dedup = cfgs
+    prep = Preparers(2, sampler, verify, dedup, True, "cuda")
+    try:
+        outcomes = set()
+        for seed in SEEDS:
+            want, want_ok = _in_process(here, seed)
+            got = c.Candidate(index=seed, seed=seed)
+            got.stage_s["worker_start"] = 0.5  # the asking process's own stage stays beside the preparer's
+            assert prep.prepare(got, BUDGET_MB, here) is want_ok
+            assert _fields(got) == _fields(want), seed
+            assert got.stage_s["worker_start"] == 0.5 and got.stage_s["sampling"] > 0 and "prepare_wait" in got.stage_s
+            outcomes.add(want.reason)
+        assert prep.fallbacks == 0 and prep.replaced == 0
+    finally:
+        prep.close()
+    # Both paths came up: candidates for the verifier (with their task source) and sizing's rejections.
+    assert None in outcomes and "predicted_oom" in outcomes, outcomes
+
+
+def test_a_preparing_process_that_dies_is_replaced_and_its_candidate_prepared_here(cfgs, here):
+    sampler, verify, dedup = cfgs
+    prep = Preparers(1, sampler, verify, dedup, True, "cuda")
+    try:
+        prep._slots[0].proc.kill()  # before it ever answered
+        seed = SEEDS[0]
+        want, want_ok = _in_process(here, seed)
+        got = c.Candidate(index=seed, seed=seed)
+        assert prep.prepare(got, BUDGET_MB, here) is want_ok
+        assert _fields(got) == _fields(want)
+        assert prep.fallbacks == 1 and prep.replaced == 1
+        again = c.Candidate(index=seed, seed=seed)  # the replacement serves the next one
+        assert prep.prepare(again, BUDGET_MB, here) is want_ok and _fields(again) == _fields(want)
+        assert prep.fallbacks == 1
+    finally:
+        prep.close()
+
+
+def test_a_stage_that_raises_there_raises_here(cfgs, here):
+    """A bug in a stage is not a rejection: the asking thread raises, as it would preparing in process."""
+    sampler, verify, dedup = cfgs
+    prep = Preparers(1, sampler, verify, dedup, True, "cuda")
+    try:
+        with pytest.raises(RuntimeError, match="seed"):
+            prep.prepare(c.Candidate(index=0, seed="not a seed"), BUDGET_MB, here)
+        assert prep.replaced == 0  # the process lives on
+    finally:
+        prep.close()
+
+
+def test_prepare_processes_is_checked():
+    from opsynth.generate.config import GenerateConfig
+
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="prepare_processes"):
+            GenerateConfig(prepare_processes=bad)
+    assert GenerateConfig(prepare_processes=0).prepare_processes == 0
