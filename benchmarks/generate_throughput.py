@@ -108,8 +108,36 @@ class MachineSampler:
             except Exception as e:  # noqa: BLE001 - utilisation sampling is a cross-check only
                 print(f"pynvml unavailable ({type(e).__name__}: {e}); GPU busy share from worker records only",
                       file=sys.stderr)
+        # Per process: CPU seconds at the first and the latest reading (every 4th tick), to name the
+        # busiest processes. The Dask worker's share near 1.0 says its one GIL binds (the candidates'
+        # stages before verification and the verify pool's threads run there).
+        self._procs: dict[int, tuple[str, float, float, float]] = {}  # pid -> (name, t0, cpu0, cpu now)
+        self._ticks = 0
+        self._t0 = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _read_processes(self) -> None:
+        now = time.monotonic()
+        for p in self.psutil.process_iter(["cmdline", "cpu_times"]):
+            try:
+                t = p.info["cpu_times"]
+                cpu = t.user + t.system
+                cmd = " ".join(p.info["cmdline"] or [])[:160]
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                continue
+            if p.pid in self._procs:
+                name, t0, cpu0, _ = self._procs[p.pid]
+                self._procs[p.pid] = (name, t0, cpu0, cpu)
+            else:
+                self._procs[p.pid] = (cmd, now, cpu, cpu)
+
+    def busiest(self, n: int = 6) -> list[dict]:
+        """The processes that used the most CPU over the window, as a share of one core."""
+        now = time.monotonic()
+        rows = [{"pid": pid, "cmdline": name, "core_share": round((cpu - cpu0) / max(1e-9, now - t0), 3)}
+                for pid, (name, t0, cpu0, cpu) in self._procs.items() if now - t0 > 5]
+        return sorted(rows, key=lambda r: -r["core_share"])[:n]
 
     def start(self) -> "MachineSampler":
         self.psutil.cpu_percent(interval=None)
@@ -119,6 +147,9 @@ class MachineSampler:
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
             self.cpu.append(self.psutil.cpu_percent(interval=None))
+            self._ticks += 1
+            if self._ticks % 4 == 1:
+                self._read_processes()
             if self.nvml is not None:
                 for i, h in self.handles.items():
                     try:
@@ -133,7 +164,7 @@ class MachineSampler:
 
     def snapshot(self) -> dict:
         out = {"cpu_utilisation": round(sum(self.cpu) / len(self.cpu) / 100, 4) if self.cpu else None,
-               "cpu_count": os.cpu_count()}
+               "cpu_count": os.cpu_count(), "busiest_processes": self.busiest()}
         if self.gpu:
             per = {str(i): round(sum(v) / len(v) / 100, 4) for i, v in self.gpu.items() if v}
             out["gpu_util_sampled"] = per
@@ -631,6 +662,8 @@ def _print_window(label: str, w: dict) -> None:
           f"acceptance {w.get('acceptance_rate')}   verified/min after the first result {w.get('verified_per_min_steady')}")
     print(f"   device busy (worker records) {w.get('gpu_busy_fraction')}   GPU util sampled {w.get('gpu_util_sampled_mean')}   "
           f"CPU {w.get('cpu_utilisation')} of {w.get('cpu_count')} cores   calibration steps/task {w.get('calib_steps_mean')}")
+    for p in (w.get("busiest_processes") or [])[:4]:
+        print(f"   process {p['pid']}: {p['core_share']} of a core  {p['cmdline'][:100]}")
     ss = w.get("stage_seconds") or {}
     total = sum(ss.values()) or 1.0
     if ss:

@@ -1,8 +1,10 @@
 """Same seed and settings, same rows, even when every timing is off by a random factor of up to
 25 %: two runs of 50+ tasks on the CPU (small sampler, aot_eager, the real CPU band), side by side
 on a busy machine and each with its own injected noise, write byte-identical rows apart from the two
-measured columns. And the rows hold when a fresh process re-measures them
-(benchmarks/recheck_gpu.py on the CPU)."""
+measured columns. The second run samples and sizes its candidates in a preparing process
+(`prepare_processes=1`, as a GPU run does by default), the first in the Dask worker's threads: where
+they are prepared does not change the rows either. And the rows hold when a fresh process
+re-measures them (benchmarks/recheck_gpu.py on the CPU)."""
 
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ def two_runs(tmp_path_factory, kernelbench_parquet):
     base = tmp_path_factory.mktemp("repro")
     outs, procs, markers = [base / "a", base / "b"], [], []
     try:
-        for out in outs:
+        for out, extra in zip(outs, ([], ["prepare_processes=1"])):
             markers.append(f"repro-{out.name}-{os.getpid()}")
-            procs.append(start_generate(generate_cmd(out, *RUN), run_env(kernelbench_parquet, markers[-1], **NOISE),
+            procs.append(start_generate(generate_cmd(out, *RUN, *extra), run_env(kernelbench_parquet, markers[-1], **NOISE),
                                         base / f"{out.name}.log"))
         for out, p in zip(outs, procs):
             assert p.wait(timeout=1500) == 0, (base / f"{out.name}.log").read_text()[-3000:]
@@ -78,6 +80,9 @@ def test_same_seed_same_rows_under_timing_noise(two_runs):
             [{k: v for k, v in r.items() if k not in MEASURED} for r in rows_b]
     assert strip[0] == strip[1], _why_rows_differ(a, b, rows_a, rows_b)
     assert _without_measurements(a) == _without_measurements(b)  # byte-identical
+    # ... and b's candidates were prepared in its preparing process, a's in its worker's threads
+    waits = [json.loads((o / "report.json").read_text())["run"]["stage_seconds"].get("prepare_wait", 0.0) for o in (a, b)]
+    assert waits[0] == 0.0 < waits[1], waits
     # The noise was there: the measured runtimes themselves differ between the runs.
     differ = sum(ra["eager_ms"] != rb["eager_ms"] for ra, rb in zip(rows_a, rows_b))
     assert differ >= N_TASKS - 2, differ
