@@ -40,6 +40,10 @@ from opsynth.verify import protocol
 PREPARE_TIMEOUT_S = 300.0
 # Seconds a preparing process may take to import torch, the catalog and the KernelBench index.
 STARTUP_TIMEOUT_S = 600.0
+# Preparing processes that failed to start, one after another, before the asking process stops
+# starting them and prepares every candidate itself (a broken environment would otherwise cost a
+# process start per candidate).
+MAX_FAILED_STARTS = 3
 
 
 def default_processes(device: str) -> int:
@@ -113,6 +117,8 @@ class Preparers:
         self.n = n
         self.replaced = 0
         self.fallbacks = 0
+        self.failed_starts = 0  # in a row; MAX_FAILED_STARTS of them turn the processes off
+        self.disabled = False
         self._lock = threading.Lock()
         self._slots = [_Process(self.config) for _ in range(n)]  # they import while the verify pool starts
         self._idle: queue.Queue[int] = queue.Queue()
@@ -125,6 +131,8 @@ class Preparers:
         asking process's context) instead. False when a stage rejected the candidate."""
         from opsynth.generate.candidate import PREPARED, prepare
 
+        if self.disabled:
+            return prepare(here, cand)
         t0 = time.perf_counter()
         i = self._idle.get()
         waited = time.perf_counter() - t0
@@ -153,16 +161,29 @@ class Preparers:
         p = self._slots[i]
         try:
             if not p.ready:
-                got = p.wait(STARTUP_TIMEOUT_S)
+                try:
+                    got = p.wait(STARTUP_TIMEOUT_S)
+                except (protocol.ProtocolClosed, protocol.ProtocolTimeout) as e:
+                    got = {"event": "failed", "error": str(e)}
                 if got.get("event") != "ready":
+                    with self._lock:
+                        self.failed_starts += 1
+                        if self.failed_starts >= MAX_FAILED_STARTS and not self.disabled:
+                            self.disabled = True
+                            sys.stderr.write(f"opsynth.generate.prepare: {self.failed_starts} preparing processes failed "
+                                             f"to start (last: {got.get('error', got)}); candidates are prepared in "
+                                             "the Dask worker's threads from now on\n")
                     raise protocol.ProtocolClosed(f"preparing process failed to start: {got.get('error', got)}")
                 p.ready = True
+                with self._lock:
+                    self.failed_starts = 0
             protocol.send(p.req_w, msg)
             return p.wait(PREPARE_TIMEOUT_S)
         except (protocol.ProtocolClosed, protocol.ProtocolTimeout, OSError) as e:
             sys.stderr.write(f"opsynth.generate.prepare: replacing a preparing process ({e})\n")
             p.close()
-            self._slots[i] = _Process(self.config)
+            if not self.disabled:
+                self._slots[i] = _Process(self.config)
             with self._lock:
                 self.replaced += 1
             return None

@@ -109,3 +109,21 @@ def test_prepare_processes_is_checked():
         with pytest.raises(ValueError, match="prepare_processes"):
             GenerateConfig(prepare_processes=bad)
     assert GenerateConfig(prepare_processes=0).prepare_processes == 0
+
+
+def test_processes_that_cannot_start_are_given_up_and_the_threads_prepare(cfgs, here, tmp_path):
+    """A preparing process that fails at start (here: a KernelBench file it cannot read) is replaced;
+    after MAX_FAILED_STARTS in a row no more are started, and every candidate is prepared in process."""
+    from opsynth.generate import prepare as p
+
+    sampler, verify, dedup = cfgs
+    prep = Preparers(1, sampler, verify, {**dedup, "kb_path": str(tmp_path / "missing.parquet")}, True, "cuda")
+    try:
+        seed = SEEDS[1]
+        want, want_ok = _in_process(here, seed)
+        for k in range(p.MAX_FAILED_STARTS + 1):
+            got = c.Candidate(index=seed, seed=seed)
+            assert prep.prepare(got, BUDGET_MB, here) is want_ok and _fields(got) == _fields(want)
+        assert prep.disabled and prep.replaced == p.MAX_FAILED_STARTS and prep.fallbacks == p.MAX_FAILED_STARTS
+    finally:
+        prep.close()
