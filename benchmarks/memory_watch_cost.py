@@ -25,13 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opsynth.runtime import supervise  # noqa: E402
 
 
-def _per_thread(pids: list[int], seconds: float) -> float:
+def _threads_cpu(check, pids: list[int], period: float, seconds: float) -> float:
+    """This process's CPU seconds per second while a thread per pid calls `check(pid, since)` every `period`."""
     stop = threading.Event()
 
     def wait(pid: int) -> None:
+        since = time.monotonic()
         while not stop.is_set():
-            supervise.tree_rss_bytes(pid)
-            stop.wait(0.25)
+            check(pid, since)
+            stop.wait(period)
 
     threads = [threading.Thread(target=wait, args=(p,)) for p in pids]
     c = time.process_time()
@@ -42,30 +44,22 @@ def _per_thread(pids: list[int], seconds: float) -> float:
     for t in threads:
         t.join()
     return (time.process_time() - c) / seconds
+
+
+def _per_thread(pids: list[int], seconds: float) -> float:
+    """Before: each waiting thread lists /proc for its own worker every 0.25 s."""
+    return _threads_cpu(lambda pid, since: supervise.tree_rss_bytes(pid), pids, 0.25, seconds)
 
 
 def _one_watch(pids: list[int], seconds: float) -> float:
-    c = time.process_time()
+    """Now: one RssWatch lists /proc every 0.25 s; each thread reads its latest reading (the pool's 0.1 s poll)."""
     watch = supervise.RssWatch(0.25)
     for p in pids:
         watch.watch(p)
-    stop = threading.Event()
-
-    def wait(pid: int) -> None:  # what each pool thread now does: read the latest reading
-        since = time.monotonic()
-        while not stop.is_set():
-            watch.rss(pid, since)
-            stop.wait(0.1)
-
-    threads = [threading.Thread(target=wait, args=(p,)) for p in pids]
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    watch.close()
-    return (time.process_time() - c) / seconds
+    try:
+        return _threads_cpu(watch.rss, pids, 0.1, seconds)  # the watch's thread counts: it is this process's
+    finally:
+        watch.close()
 
 
 def main() -> None:
