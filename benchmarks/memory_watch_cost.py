@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import threading
@@ -62,6 +64,13 @@ def _one_watch(pids: list[int], seconds: float) -> float:
         watch.close()
 
 
+def _proc_version() -> str:
+    try:
+        return Path("/proc/version").read_text().strip()[:200]
+    except OSError:
+        return ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=16)
@@ -89,7 +98,7 @@ def main() -> None:
     print(f"{'one RssWatch, every 0.25 s':<34}{new:>18.3f}")
     out = {"workers": args.workers, "processes": n_proc, "listing_ms": 1e3 * per_listing,
            "per_thread_cpu_per_s": old, "one_watch_cpu_per_s": new, "seconds": args.seconds,
-           "machine": "2-core CPU (no GPU), plain Linux kernel (gVisor lists /proc more slowly)"}
+           "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "proc_version": _proc_version()}}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 
