@@ -84,6 +84,7 @@ class Candidate:
     num_ops: int | None = None
     graph_json: str | None = None  # the sized graph
     predicted_ms: float | None = None
+    reserve_mb: float | None = None  # the device memory its verification is predicted to hold (x safety)
     # Objects of this process's stages only (None after a preparing process).
     sampled: Any = None  # opsynth.graph.SampledTask
     size: Any = None  # opsynth.verify.sizing.SizeChoice
@@ -153,6 +154,8 @@ def size(ctx: dict, cand: Candidate) -> bool:
             return cand.reject(cand.size.reason, cand.size.evidence())
         cand.graph = with_batch(cand.sampled.graph, cand.size.batch)
         cand.predicted_ms = cand.size.predicted_ms
+        if cand.size.budget_mb is not None:  # admission on: what sizing admitted it against, for the pool's gate
+            cand.reserve_mb = cand.size.predicted_request_mb * ctx["verify_cfg"].safety(pool.device)
     return True
 
 
@@ -187,7 +190,7 @@ def verify(ctx: dict, cand: Candidate) -> bool:
 
     known = cand.committed
     go = (lambda facts: facts.get("signature") not in known) if known else None
-    res = ctx["pool"].verify(cand.source, go_compile=go)
+    res = ctx["pool"].verify(cand.source, go_compile=go, reserve_mb=cand.reserve_mb)
     cand.stage_s.update(res.stage_s)
     cand.verified, cand.gpu = res, ctx.get("gpu")
     if res.reason == "compile_skipped":
@@ -235,7 +238,7 @@ STAGES = PREPARE_STAGES + VERIFY_STAGES
 # What the stages before verification leave on a candidate, as plain values: all that crosses back from a
 # preparing process, and all that the later stages and the record read of them.
 PREPARED = ("reason", "evidence", "signature", "stage_s", "source", "kb_row", "ops", "data_source", "num_ops",
-            "graph_json", "predicted_ms")
+            "graph_json", "predicted_ms", "reserve_mb")
 
 
 def prepare(ctx: dict, cand: Candidate) -> bool:

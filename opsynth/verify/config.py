@@ -78,6 +78,14 @@ class VerifyConfig:
     # on CPU the address-space growth a worker may have, `cpu_mem_limit_gb`. mem_safety 0: off.
     # Sizes depend on the budget: for the same rows on machines of different memory, set it.
     task_mem_budget_mb: float = 0.0
+    # 0: the derived CUDA budget splits the device between the workers on it (as above), so sizes, hence
+    # rows, depend on the worker count, and with many workers memory-bound candidates cannot reach the
+    # runtime window (`benchmarks/sizing_mix.py`: at 16 on an H200, 58 % predicted_oom and the operator
+    # mix bent; at 4, 3 %). N > 0: size against 1/N of the device whatever the worker count, and have the
+    # pool reserve each candidate's predicted request (x safety) before sending it, so concurrent
+    # requests never hold more than the device (WorkerPool's memory gate; an `oom` still gets the
+    # exclusive retry). Not the default until a GPU window shows what it does to the rate.
+    sizing_split: int = 0
     mem_safety: float = 2.5  # on CPU; opsynth.verify.sizing says what it was measured to cover
     mem_safety_cuda: float = 1.5  # on CUDA (measured request / predicted: max 1.27 on the H200)
 
@@ -206,6 +214,9 @@ class VerifyConfig:
                              f"{self.mem_safety_cuda}")
         if self.band_margin < 1:
             raise ValueError(f"verify.band_margin must be >= 1, got {self.band_margin}")
+        if isinstance(self.sizing_split, bool) or not isinstance(self.sizing_split, int) or self.sizing_split < 0:
+            raise ValueError(f"verify.sizing_split must be an integer >= 0 (0: split between the workers), "
+                             f"got {self.sizing_split!r}")
         rates = [k for k in ("cost_tflops", "cost_gbps", "cost_gelems") if getattr(self, k) <= 0
                  or getattr(self, "cpu_" + k) <= 0]
         if rates or self.cost_kernel_us < 0 or self.cpu_cost_kernel_us < 0:
@@ -247,7 +258,7 @@ class VerifyConfig:
         """The memory one verifier request may use (`task_mem_budget_mb`, else derived): on CUDA the
         worker's allocator cap (`mem_limit_gb`, and at most CUDA_USABLE of ``device_mem_mb``) and
         the device's usable memory split between the ``sharers`` (workers on one GPU hold their
-        checks at once), less a CUDA context each; on CPU the address-space growth a worker may
+        checks at once; `sizing_split` parts instead when set), less a CUDA context each; on CPU the address-space growth a worker may
         have (`cpu_mem_limit_gb`: its RLIMIT_AS). Without ``device_mem_mb``: the per-worker cap."""
         if self.task_mem_budget_mb > 0:
             return float(self.task_mem_budget_mb)
@@ -255,7 +266,8 @@ class VerifyConfig:
         if device == "cpu" or not device_mem_mb:
             return per_worker
         usable = CUDA_USABLE * float(device_mem_mb)
-        share = usable / max(1, int(sharers)) - CUDA_CONTEXT_MB
+        split = self.sizing_split or max(1, int(sharers))
+        share = usable / split - CUDA_CONTEXT_MB
         return max(0.0, min(per_worker, usable, share))
 
     def accept_window(self, device: str) -> tuple[float, float]:

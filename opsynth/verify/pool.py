@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -46,7 +47,7 @@ from opsynth.runtime.device_lock import LOCK_DIR_ENV, PHASES_ENV, device_lock_pa
 
 from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
-from .config import VerifyConfig
+from .config import CUDA_CONTEXT_MB, CUDA_USABLE, VerifyConfig
 from .result import ACCEPTED, VerifyResult
 from .stages import device_sections, gpu_sections, stage_seconds
 
@@ -276,6 +277,33 @@ def _config_json(cfg: VerifyConfig, device: str) -> str:
     return json.dumps(d)
 
 
+class MemoryGate:
+    """The device memory that the requests in flight on one GPU have reserved (`VerifyConfig.
+    sizing_split`): a candidate sized against a fixed share of the device, not a 1/n split among its
+    workers, waits here until its predicted request fits beside the others'. One that needs more
+    than the gate holds waits for the gate to be empty. Waiting is counted (`memory_gate` stage)."""
+
+    def __init__(self, capacity_mb: float):
+        self.capacity_mb = max(0.0, float(capacity_mb))
+        self.used_mb = 0.0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def reserve(self, mb: float):
+        """Hold `mb` of the device for the body; yields the seconds it waited."""
+        mb = max(0.0, float(mb))
+        t0 = time.monotonic()
+        with self._cond:
+            self._cond.wait_for(lambda: self.used_mb + mb <= self.capacity_mb or self.used_mb == 0)
+            self.used_mb += mb
+        try:
+            yield time.monotonic() - t0
+        finally:
+            with self._cond:
+                self.used_mb -= mb
+                self._cond.notify_all()
+
+
 class WorkerPool:
     """Warm workers that verify tasks; see the module docstring."""
 
@@ -297,6 +325,7 @@ class WorkerPool:
         self._tmp: str | None = None
         self._box = None  # confine.Box when sandboxed
         self._rss_watch: supervise.RssWatch | None = None  # while started: one memory reader for all workers
+        self._gates: dict[int, MemoryGate] = {}  # per device index, with sizing_split (started pools only)
         self._closed = True
         self.restarts = 0
 
@@ -361,6 +390,10 @@ class WorkerPool:
             self._closed = False
             self.close()
             raise
+        if self.device == "cuda" and self.cfg.sizing_split and self.device_mem_mb:
+            devices = self.cfg.cuda_devices or [0]
+            usable = CUDA_USABLE * float(self.device_mem_mb) - self.sharers * CUDA_CONTEXT_MB
+            self._gates = {d: MemoryGate(usable) for d in range(len(devices))}
         for i in range(self.n_workers):
             self._idle.put(i)
         self._executor = ThreadPoolExecutor(self.n_workers, thread_name_prefix="opsynth-verify")
@@ -433,8 +466,12 @@ class WorkerPool:
         """How many worker processes are running now (a health check for callers and tests)."""
         return sum(1 for w in self._slots if w is not None and w.proc.poll() is None)
 
-    def verify(self, source: str, go_compile: Callable[[dict[str, Any]], bool] | None = None) -> VerifyResult:
+    def verify(self, source: str, go_compile: Callable[[dict[str, Any]], bool] | None = None,
+               reserve_mb: float | None = None) -> VerifyResult:
         """Verify one task; blocks until a worker is free. Never raises because of the task.
+
+        reserve_mb: the device memory its requests are predicted to hold (sizing's prediction times
+        the safety factor); with `sizing_split` the task waits until that fits beside the others'.
 
         go_compile: asked with the eager request's facts (`mode`, `signature`, `calls`, `eager_ms`)
         once the task passed its eager checks and band, before torch.compile; False stops the task
@@ -444,7 +481,13 @@ class WorkerPool:
             raise RuntimeError("WorkerPool is not started; use it as a context manager")
         index = self._idle.get()
         try:
-            return self._verify_task(index, source, go_compile)
+            gate = self._gates.get(index % max(1, len(self.cfg.cuda_devices or [0]))) if reserve_mb else None
+            if gate is None:
+                return self._verify_task(index, source, go_compile)
+            with gate.reserve(reserve_mb) as waited:
+                result = self._verify_task(index, source, go_compile)
+            result.stage_s["memory_gate"] = waited
+            return result
         finally:
             self._idle.put(index)
 

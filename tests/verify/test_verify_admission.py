@@ -44,9 +44,10 @@ class CountingPool:
         self.pool, self.calls = pool, 0
         self.device, self.task_mem_budget_mb = pool.device, pool.task_mem_budget_mb
 
-    def verify(self, source: str, go_compile=None):
+    def verify(self, source: str, go_compile=None, reserve_mb=None):
         self.calls += 1
-        return self.pool.verify(source, go_compile=go_compile)
+        self.reserve_mb = reserve_mb
+        return self.pool.verify(source, go_compile=go_compile, reserve_mb=reserve_mb)
 
 
 def run_stages(catalog, pool, vcfg: VerifyConfig, graph: OpGraph, seed: int = 7) -> C.Candidate:
@@ -68,6 +69,40 @@ def test_the_budget_is_the_share_of_the_device_or_the_workers_limit():
     assert cfg.task_memory_budget_mb("cuda") == 32 * 1024  # device unknown (a baseline, a test)
     assert cfg.task_memory_budget_mb("cpu", None, 16) == cfg.cpu_mem_limit_gb * 1024  # its own RLIMIT_AS
     assert VerifyConfig(task_mem_budget_mb=1234).task_memory_budget_mb("cuda", h200, 8) == 1234
+    # sizing_split: a fixed share whatever the worker count (the pool's memory gate keeps the sum within the device)
+    split = VerifyConfig(sizing_split=6)
+    assert split.task_memory_budget_mb("cuda", h200, 16) == split.task_memory_budget_mb("cuda", h200, 12) \
+        == pytest.approx(0.95 * h200 / 6 - 640)
+    assert VerifyConfig(sizing_split=2).task_memory_budget_mb("cuda", h200, 16) == 32 * 1024  # the worker's cap still
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="sizing_split"):
+            VerifyConfig(sizing_split=bad)
+
+
+def test_the_memory_gate_holds_requests_until_theirs_fits_beside_the_others():
+    import threading
+    import time
+
+    from opsynth.verify.pool import MemoryGate
+
+    gate, order = MemoryGate(100.0), []
+    with gate.reserve(70):
+        waiter_done = threading.Event()
+
+        def second():
+            with gate.reserve(50) as waited:
+                order.append(("second", waited))
+            waiter_done.set()
+
+        t = threading.Thread(target=second)
+        t.start()
+        time.sleep(0.3)
+        assert not waiter_done.is_set() and gate.used_mb == 70  # 70 + 50 > 100: it waits
+        order.append(("first done", 0.0))
+    assert waiter_done.wait(5) and order[0][0] == "first done" and order[1][1] >= 0.25
+    with gate.reserve(500) as waited:  # more than the gate holds: alone, at once when it is empty
+        assert waited < 0.1 and gate.used_mb == 500
+    assert gate.used_mb == 0
     with pytest.raises(ValueError, match="mem_safety"):
         VerifyConfig(mem_safety=-1)
     assert "predicted_oom" in REASONS
@@ -126,9 +161,20 @@ def test_no_verifier_work_on_a_candidate_that_cannot_fit(catalog):
         shrunk = run_stages(catalog, pool, on, g)
         assert pool.calls == 2 and shrunk.reason is None, (shrunk.reason, shrunk.evidence)
         assert shrunk.size.batch < control.size.batch
+        # what sizing admitted it against reaches the pool (its memory gate, with verify.sizing_split)
+        assert pool.reserve_mb == pytest.approx(shrunk.size.predicted_request_mb * on.mem_safety)
+        assert pool.reserve_mb <= LIMIT_GB * 1024
         assert shrunk.verified.evidence["history"][-1]["request_peak_mem_mb"] < LIMIT_GB * 1024
+        # A pool with a memory gate (CUDA with verify.sizing_split; put on this CPU pool by hand) holds
+        # the prediction while the candidate verifies and counts the wait
+        from opsynth.verify.pool import MemoryGate
+
+        raw._gates = {0: MemoryGate(LIMIT_GB * 1024)}
+        gated = run_stages(catalog, pool, on, g)
+        assert gated.reason is None and "memory_gate" in gated.stage_s and raw._gates[0].used_mb == 0
+        raw._gates = {}
         rejected = run_stages(catalog, pool, low, g)
-        assert rejected.reason == "predicted_oom" and pool.calls == 2  # never sent
+        assert rejected.reason == "predicted_oom" and pool.calls == 3  # never sent
         assert rejected.evidence["stage"] == "size" and rejected.to_record()["reason"] == "predicted_oom"
 
 
