@@ -259,7 +259,7 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
     with _timed(cand, "worker_start"):  # the first candidate of a process starts its verify pool
         ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check, prepare_processes)
     pool, preparers = ctx["pool"], ctx.get("prep")
-    ready = (preparers.prepare(cand, pool.task_mem_budget_mb, ctx) if preparers is not None
+    ready = (preparers.prepare(cand, pool.task_mem_budget_mb, lambda: prepare(ctx, cand)) if preparers is not None
              else prepare(ctx, cand))
     if ready:
         for stage in VERIFY_STAGES:
@@ -407,7 +407,7 @@ def _restart_preparers(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_
     old = _CTX.pop("prep", None)
     if old is not None:
         old.close()
-    _CTX["prep"] = Preparers(n, sampler_cfg, verify_cfg, dedup_cfg, kb_check, device) if n > 0 else None
+    _CTX["prep"] = Preparers(n, sampler_cfg, verify_cfg, dedup_cfg, kb_check, device, PREPARED) if n > 0 else None
     _CTX["prep_key"] = pkey
 
 

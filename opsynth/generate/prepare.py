@@ -1,5 +1,5 @@
 """The candidate stages before verification (sample, size, render, the KernelBench check) in
-processes of their own: ``python -m opsynth.generate.prepare --req-fd R --resp-fd W --config JSON``.
+processes of their own (`opsynth.generate.prepare_server`); this module is the asking side.
 
 Why: `process_candidate` runs in a Dask worker's threads, which share one GIL with everything else
 that process does for its candidates (the verify pool's pipes and memory watch, Dask itself). On a
@@ -13,14 +13,14 @@ Subprocesses and the verifier's pipe protocol (`opsynth.verify.protocol`) rather
 multiprocessing, for the reason the verifier's workers give: Dask's worker processes are daemonic
 and may not have multiprocessing children. These processes run trusted code only (our sampler and
 the cost model on meta tensors, never a task), need no GPU, and send back the plain fields the later
-stages read (`candidate.PREPARED`), the same whichever process prepared them: a candidate a
+stages read (`candidate.PREPARED`, handed in as `fields`: this module imports no stage, so the stages
+may import it), the same whichever process prepared them: a candidate a
 preparing process could not serve (it died, or did not answer in time) is prepared in the asking
 process instead, so rows never depend on where they were prepared.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
@@ -28,9 +28,8 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from opsynth.runtime import supervise
 from opsynth.verify import protocol
@@ -72,7 +71,7 @@ class _Process:
         env["CUDA_VISIBLE_DEVICES"] = ""  # meta tensors only: no CUDA context, no GPU memory
         env["OMP_NUM_THREADS"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "opsynth.generate.prepare", "--req-fd", str(req_r), "--resp-fd", str(resp_w),
+            [sys.executable, "-m", "opsynth.generate.prepare_server", "--req-fd", str(req_r), "--resp-fd", str(resp_w),
              "--config", json.dumps(config)],
             pass_fds=(req_r, resp_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
             start_new_session=True)
@@ -109,12 +108,14 @@ class _Process:
 class Preparers:
     """`n` preparing processes shared by a Dask worker's threads (see the module docstring)."""
 
-    def __init__(self, n: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool, device: str):
+    def __init__(self, n: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: bool, device: str,
+                 fields: tuple[str, ...]):
+        """`fields`: the candidate fields an answer fills (`candidate.PREPARED`)."""
         if n < 1:
             raise ValueError(f"prepare_processes must be >= 1 here, got {n}")
         self.config = {"sampler": sampler_cfg, "verify": verify_cfg, "dedup": dedup_cfg, "kb_check": kb_check,
                        "device": device}
-        self.n = n
+        self.n, self.fields = n, tuple(fields)
         self.replaced = 0
         self.fallbacks = 0
         self.failed_starts = 0  # in a row; MAX_FAILED_STARTS of them turn the processes off
@@ -125,14 +126,12 @@ class Preparers:
         for i in range(n):
             self._idle.put(i)
 
-    def prepare(self, cand, budget_mb: float, here) -> bool:
+    def prepare(self, cand, budget_mb: float, here: Callable[[], bool]) -> bool:
         """Run the stages before verification for `cand` in a preparing process and fill its plain
-        fields from the answer; on a process that fails, replace it and run them with `here` (the
-        asking process's context) instead. False when a stage rejected the candidate."""
-        from opsynth.generate.candidate import PREPARED, prepare
-
+        fields from the answer; on a process that fails, replace it and call `here` (the same stages
+        in the asking process) instead. False when a stage rejected the candidate."""
         if self.disabled:
-            return prepare(here, cand)
+            return here()
         t0 = time.perf_counter()
         i = self._idle.get()
         waited = time.perf_counter() - t0
@@ -144,10 +143,10 @@ class Preparers:
         if answer is None:  # the process failed (replaced): prepare here, the same way
             with self._lock:
                 self.fallbacks += 1
-            return prepare(here, cand)
+            return here()
         if "error" in answer:  # a stage raised there: it would have raised here too
             raise RuntimeError(f"preparing candidate {cand.index} (seed {cand.seed}) failed: {answer['error']}")
-        for name in PREPARED:
+        for name in self.fields:
             if name == "stage_s":
                 cand.stage_s.update(answer[name])  # beside the asking process's worker_start
             else:
@@ -195,52 +194,3 @@ class Preparers:
             except OSError:
                 pass
             p.close()
-
-
-def _serve(config: dict[str, Any], req_fd: int, resp_fd: int) -> int:
-    """The preparing process's loop: one request at a time, an answer for each."""
-    from opsynth.generate import candidate as c
-
-    try:
-        c.serialize_ast_parse()
-        c._ensure_sampler(config["sampler"], {"device": config["device"]})
-        ctx: dict[str, Any] = {"sampler": c._CTX["sampler"], "catalog": c._CTX["catalog"],
-                               "verify_cfg": c.VerifyConfig(**config["verify"])}
-        if config["kb_check"]:
-            from opsynth.dedup import KernelBenchIndex
-
-            ctx["kb"] = KernelBenchIndex.from_config(config["dedup"])
-        else:
-            ctx["kb"] = None
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which replaces the process
-        protocol.send(resp_fd, {"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
-        return 1
-    protocol.send(resp_fd, {"event": "ready", "pid": os.getpid()})
-    while True:
-        try:
-            msg = protocol.recv(req_fd)
-        except protocol.ProtocolClosed:  # the parent went away
-            return 0
-        if msg.get("op") == "exit":
-            return 0
-        cand = c.Candidate(index=msg["index"], seed=msg["seed"])
-        try:
-            ctx["pool"] = _Stand(config["device"], msg["budget_mb"])
-            c.prepare(ctx, cand)
-            answer = {name: getattr(cand, name) for name in c.PREPARED}
-        except Exception:  # noqa: BLE001 - a bug in a stage: the asking thread raises it, as it would in process
-            answer = {"error": traceback.format_exc(limit=8)}
-        protocol.send(resp_fd, json.loads(json.dumps(answer, default=str)))  # evidence may hold numpy scalars
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--req-fd", type=int, required=True)
-    ap.add_argument("--resp-fd", type=int, required=True)
-    ap.add_argument("--config", required=True, help="sampler, verify and dedup settings, kb_check, device (JSON)")
-    args = ap.parse_args(argv)
-    return _serve(json.loads(args.config), args.req_fd, args.resp_fd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

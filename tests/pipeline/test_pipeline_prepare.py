@@ -54,14 +54,14 @@ def _in_process(here, seed: int):
 
 def test_a_preparing_process_gives_what_the_asking_process_gives(cfgs, here):
     sampler, verify, dedup = cfgs
-    prep = Preparers(2, sampler, verify, dedup, True, "cuda")
+    prep = Preparers(2, sampler, verify, dedup, True, "cuda", c.PREPARED)
     try:
         outcomes = set()
         for seed in SEEDS:
             want, want_ok = _in_process(here, seed)
             got = c.Candidate(index=seed, seed=seed)
             got.stage_s["worker_start"] = 0.5  # the asking process's own stage stays beside the preparer's
-            assert prep.prepare(got, BUDGET_MB, here) is want_ok
+            assert prep.prepare(got, BUDGET_MB, lambda: c.prepare(here, got)) is want_ok
             assert _fields(got) == _fields(want), seed
             assert got.stage_s["worker_start"] == 0.5 and got.stage_s["sampling"] > 0 and "prepare_wait" in got.stage_s
             outcomes.add(want.reason)
@@ -74,17 +74,17 @@ def test_a_preparing_process_gives_what_the_asking_process_gives(cfgs, here):
 
 def test_a_preparing_process_that_dies_is_replaced_and_its_candidate_prepared_here(cfgs, here):
     sampler, verify, dedup = cfgs
-    prep = Preparers(1, sampler, verify, dedup, True, "cuda")
+    prep = Preparers(1, sampler, verify, dedup, True, "cuda", c.PREPARED)
     try:
         prep._slots[0].proc.kill()  # before it ever answered
         seed = SEEDS[0]
         want, want_ok = _in_process(here, seed)
         got = c.Candidate(index=seed, seed=seed)
-        assert prep.prepare(got, BUDGET_MB, here) is want_ok
+        assert prep.prepare(got, BUDGET_MB, lambda: c.prepare(here, got)) is want_ok
         assert _fields(got) == _fields(want)
         assert prep.fallbacks == 1 and prep.replaced == 1
         again = c.Candidate(index=seed, seed=seed)  # the replacement serves the next one
-        assert prep.prepare(again, BUDGET_MB, here) is want_ok and _fields(again) == _fields(want)
+        assert prep.prepare(again, BUDGET_MB, lambda: c.prepare(here, again)) is want_ok and _fields(again) == _fields(want)
         assert prep.fallbacks == 1
     finally:
         prep.close()
@@ -93,10 +93,10 @@ def test_a_preparing_process_that_dies_is_replaced_and_its_candidate_prepared_he
 def test_a_stage_that_raises_there_raises_here(cfgs, here):
     """A bug in a stage is not a rejection: the asking thread raises, as it would preparing in process."""
     sampler, verify, dedup = cfgs
-    prep = Preparers(1, sampler, verify, dedup, True, "cuda")
+    prep = Preparers(1, sampler, verify, dedup, True, "cuda", c.PREPARED)
     try:
         with pytest.raises(RuntimeError, match="seed"):
-            prep.prepare(c.Candidate(index=0, seed="not a seed"), BUDGET_MB, here)
+            prep.prepare(c.Candidate(index=0, seed="not a seed"), BUDGET_MB, lambda: False)
         assert prep.replaced == 0  # the process lives on
     finally:
         prep.close()
@@ -117,13 +117,13 @@ def test_processes_that_cannot_start_are_given_up_and_the_threads_prepare(cfgs, 
     from opsynth.generate import prepare as p
 
     sampler, verify, dedup = cfgs
-    prep = Preparers(1, sampler, verify, {**dedup, "kb_path": str(tmp_path / "missing.parquet")}, True, "cuda")
+    prep = Preparers(1, sampler, verify, {**dedup, "kb_path": str(tmp_path / "missing.parquet")}, True, "cuda", c.PREPARED)
     try:
         seed = SEEDS[1]
         want, want_ok = _in_process(here, seed)
         for k in range(p.MAX_FAILED_STARTS + 1):
             got = c.Candidate(index=seed, seed=seed)
-            assert prep.prepare(got, BUDGET_MB, here) is want_ok and _fields(got) == _fields(want)
+            assert prep.prepare(got, BUDGET_MB, lambda: c.prepare(here, got)) is want_ok and _fields(got) == _fields(want)
         assert prep.disabled and prep.replaced == p.MAX_FAILED_STARTS and prep.fallbacks == p.MAX_FAILED_STARTS
     finally:
         prep.close()
