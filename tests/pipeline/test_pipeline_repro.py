@@ -23,8 +23,13 @@ from opsynth.generate.state import STATE_FILE
 from opsynth.shards import read_rows
 
 N_TASKS = 50
+# The acceptance window's top at 900 ms, not 90: two generations side by side on a 2-core machine beside
+# the rest of the suite read up to 3x a quiet re-measure (this file's recheck: median 0.35), so a task
+# aimed below 50 ms (seed 5000000056, nn.Linear + F.normalize: 65, 80, 86, 98 and 111 ms across CI runs)
+# flipped at a 90 ms edge whatever the injected noise did. band_margin 20 keeps sizing's top target where
+# it was (1000 / 20 = 50 ms; the bottom one rises from 0.1 to 1 ms).
 RUN = [f"n_tasks={N_TASKS}", "seed=5", "sampler=small", "verify=cpu", "verify.compile_backend=aot_eager",
-       "cluster.n_workers=1", "cluster.threads_per_worker=2", "progress=false"]
+       "verify.cpu_max_ms=1000", "verify.band_margin=20", "cluster.n_workers=1", "cluster.threads_per_worker=2", "progress=false"]
 MEASURED = ("eager_ms", "compile_ms")  # measurements: they differ from run to run by design
 
 
@@ -106,7 +111,7 @@ def test_rows_hold_when_re_measured_in_a_fresh_process(two_runs, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(out_json.read_text())
     assert rep["device"] == "cpu" and rep["rows_checked"] == 20 and len(rep["rows"]) == 20
-    assert rep["band_ms"] == [0.05, 100.0]
+    assert rep["band_ms"] == [0.05, 1000.0]
     failed = [r for r in rep["rows"] if not r["pass"]]
     assert rep["pass_share"] == 1.0, failed
     assert all(r["deterministic"] and r["finite"] and r["input_sensitive"] for r in rep["rows"])
