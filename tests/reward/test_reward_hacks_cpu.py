@@ -194,6 +194,12 @@ def wall_results(reward_cache):
 @pytest.mark.parametrize("off,name,reason,reward", WALL_CASES, ids=[f"{n}-without-{'+'.join(o) or 'nothing'}" for o, n, _, _ in WALL_CASES])
 def test_forged_report_is_held_to_the_parents_clock(wall_results, off, name, reason, reward):
     r = wall_results[(off, name)]
+    if off == ("harness_snapshot",) and name == "half_claim" and r.reason.startswith("implausible_timing"):
+        # The parent's clock alone may also see the hidden work beside the call on a loaded 2-core machine
+        # (CI, 2026-12-06: 120.86 ms against 120.29 allowed, with two generations running beside it):
+        # rejected, -1, which pays the forger less than its honest kernel's reward. Nothing more to check.
+        assert r.reward == -1, r.times
+        return
     assert r.reason.startswith(reason), (r.reason, r.details.get("detail"), r.log[-2000:])
     assert reward is None or r.reward == reward, (r.times, r.log[-2000:])
     if name == "half_claim" and reason == "ok":
