@@ -381,13 +381,13 @@ def _context(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check: boo
             _restart_preparers(sampler_cfg, verify_cfg, dedup_cfg, kb_check, n, force=True)  # they import beside the pool
             # Every source here is a graph the sampler generated: `verify.sandbox=auto` runs it unconfined.
             _CTX.update(pool=WorkerPool(vcfg, sampled=True).start(), pool_key=key(verify_cfg), gpu=gpu, verify_cfg=vcfg)
-        elif prepare_processes is not _KEEP:
-            _restart_preparers(sampler_cfg, verify_cfg, dedup_cfg, kb_check, prepare_processes)
             if not _CTX.get("atexit"):
                 import atexit
 
                 atexit.register(_close_context)
                 _CTX["atexit"] = True
+        elif prepare_processes is not _KEEP:
+            _restart_preparers(sampler_cfg, verify_cfg, dedup_cfg, kb_check, prepare_processes)
         return _CTX
 
 
