@@ -1,5 +1,5 @@
 """The parent's CPU for watching its verifier workers' memory: each waiting thread listing /proc for
-its own worker (`tree_rss_bytes` every 0.25 s, as the pool did until 2026-12-06) against one
+its own worker (psutil's tree reading every 0.25 s, as the pool did until 2026-12-06) against one
 `RssWatch` thread reading every worker's tree from one listing every 0.25 s.
 
 Runs on any Linux: `--workers` sleeping processes stand for the verifier workers, `--others` more
@@ -48,9 +48,28 @@ def _threads_cpu(check, pids: list[int], period: float, seconds: float) -> float
     return (time.process_time() - c) / seconds
 
 
+def _psutil_tree_rss(pid: int) -> int:
+    """The pool's reading until 2026-12-06, kept here as the benchmark's "before": psutil lists every
+    process for the tree (`children(recursive=True)`), then reads each member."""
+    import psutil
+
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
 def _per_thread(pids: list[int], seconds: float) -> float:
     """Before: each waiting thread lists /proc for its own worker every 0.25 s."""
-    return _threads_cpu(lambda pid, since: supervise.tree_rss_bytes(pid), pids, 0.25, seconds)
+    return _threads_cpu(lambda pid, since: _psutil_tree_rss(pid), pids, 0.25, seconds)
 
 
 def _one_watch(pids: list[int], seconds: float) -> float:
@@ -84,7 +103,7 @@ def main() -> None:
         n_proc = sum(1 for n in Path("/proc").iterdir() if n.name.isdigit())
         per_listing = time.perf_counter()
         for _ in range(10):
-            supervise.tree_rss_bytes(workers[0])
+            _psutil_tree_rss(workers[0])
         per_listing = (time.perf_counter() - per_listing) / 10
         old = _per_thread(workers, args.seconds)
         new = _one_watch(workers, args.seconds)

@@ -39,23 +39,21 @@ def main() -> None:
     from opsynth.catalog import load_catalog, quiet_standalone_modules
     from opsynth.dedup import KernelBenchIndex
     from opsynth.generate.candidate import Candidate, check_kernelbench, render, sample, size
+    from opsynth.generate.prepare import SizingPool
     from opsynth.graph import Sampler, SamplerConfig
     from opsynth.verify.config import VerifyConfig
-
-    class _Pool:  # what `size` reads of the verifier pool
-        device = "cuda"
 
     quiet_standalone_modules()
     catalog = load_catalog()
     vcfg = VerifyConfig(device="cuda")
-    _Pool.task_mem_budget_mb = vcfg.task_memory_budget_mb("cuda", args.gpu_mem_gb * 1024, args.workers)
+    pool = SizingPool("cuda", vcfg.task_memory_budget_mb("cuda", args.gpu_mem_gb * 1024, args.workers))
     try:
         kb = KernelBenchIndex.from_config(kb_path=args.kb) if args.kb else KernelBenchIndex.from_config()
     except Exception as e:  # noqa: BLE001 - a clone without ../shared: measure without the check
         print(f"(no KernelBench index: {e}; kb_check not measured)")
         kb = None
     ctx = {"sampler": Sampler(SamplerConfig(), catalog, device="cuda"), "catalog": catalog, "verify_cfg": vcfg,
-           "pool": _Pool(), "kb": kb}
+           "pool": pool, "kb": kb}
     stages = (sample, size, render, check_kernelbench)
     cpu = collections.Counter()
     wall = collections.Counter()
@@ -78,7 +76,7 @@ def main() -> None:
     n = args.candidates
     per_reached = n / max(1, reached)
     print(f"{n} candidates, {reached} reach the verifier ({reached / n:.2f}); budget "
-          f"{_Pool.task_mem_budget_mb:.0f} MB a request ({args.gpu_mem_gb:g} GB / {args.workers})")
+          f"{pool.task_mem_budget_mb:.0f} MB a request ({args.gpu_mem_gb:g} GB / {args.workers})")
     print(f"{'stage':<18}{'cpu ms/cand':>12}{'wall ms/cand':>14}")
     for k in wall:
         print(f"{k:<18}{1e3 * cpu[k] / n:>12.2f}{1e3 * wall[k] / n:>14.2f}")
@@ -90,7 +88,7 @@ def main() -> None:
     core = cand_per_min / 60 * total_cpu / n
     print(f"at {args.accepted_per_min:g} accepted/min: >= {cand_per_min:.0f} candidates/min, "
           f">= {core:.2f} of one core (one GIL) for these stages alone")
-    out = {"candidates": n, "reach_verifier": reached, "budget_mb": _Pool.task_mem_budget_mb,
+    out = {"candidates": n, "reach_verifier": reached, "budget_mb": pool.task_mem_budget_mb,
            "gpu_mem_gb": args.gpu_mem_gb, "workers": args.workers,
            "cpu_ms_per_candidate": {k: 1e3 * cpu[k] / n for k in cpu}, "wall_ms_per_candidate": {k: 1e3 * wall[k] / n for k in wall},
            "all_cpu_ms_per_candidate": 1e3 * total_cpu / n, "rejections": dict(reasons),

@@ -34,7 +34,7 @@ def main() -> None:
 
     from opsynth.dedup import DedupConfig, KernelBenchIndex
     from opsynth.generate import candidate as c
-    from opsynth.generate.prepare import Preparers, _Stand
+    from opsynth.generate.prepare import Preparers, SizingPool
     from opsynth.graph import SamplerConfig
     from opsynth.verify import VerifyConfig
 
@@ -45,7 +45,7 @@ def main() -> None:
     with c._CTX_LOCK:
         c._ensure_sampler(sampler, verify)
     here = {"sampler": c._CTX["sampler"], "catalog": c._CTX["catalog"], "verify_cfg": VerifyConfig(**verify),
-            "kb": KernelBenchIndex.from_config(dedup), "pool": _Stand("cuda", budget)}
+            "kb": KernelBenchIndex.from_config(dedup), "pool": SizingPool("cuda", budget)}
     for seed in range(5):  # warm this process's caches as a running worker's are
         c.prepare(here, c.Candidate(index=seed, seed=seed))
 

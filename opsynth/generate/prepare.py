@@ -52,8 +52,9 @@ def default_processes(device: str) -> int:
     return 2 if device == "cuda" else 0
 
 
-class _Stand:
-    """What the `size` stage reads of the verify pool: its device and the memory one request may use."""
+class SizingPool:
+    """What the `size` stage reads of the verify pool (its device and the memory one request may use),
+    for a process that sizes without one: a preparing process, a benchmark."""
 
     def __init__(self, device: str, budget_mb: float):
         self.device, self.task_mem_budget_mb = device, budget_mb

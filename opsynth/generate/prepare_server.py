@@ -15,7 +15,7 @@ import traceback
 from typing import Any
 
 from opsynth.generate import candidate as c
-from opsynth.generate.prepare import _Stand
+from opsynth.generate.prepare import SizingPool
 from opsynth.verify import protocol
 
 
@@ -45,7 +45,7 @@ def _serve(config: dict[str, Any], req_fd: int, resp_fd: int) -> int:
             return 0
         cand = c.Candidate(index=msg["index"], seed=msg["seed"])
         try:
-            ctx["pool"] = _Stand(config["device"], msg["budget_mb"])
+            ctx["pool"] = SizingPool(config["device"], msg["budget_mb"])
             c.prepare(ctx, cand)
             answer = {name: getattr(cand, name) for name in c.PREPARED}
         except Exception:  # noqa: BLE001 - a bug in a stage: the asking thread raises it, as it would in process

@@ -33,12 +33,12 @@ def here(cfgs):
     """The asking process's own context for these settings, without a verify pool."""
     sampler, verify, dedup = cfgs
     from opsynth.dedup import KernelBenchIndex
-    from opsynth.generate.prepare import _Stand
+    from opsynth.generate.prepare import SizingPool
 
     with c._CTX_LOCK:
         c._ensure_sampler(sampler, verify)
         ctx = {"sampler": c._CTX["sampler"], "catalog": c._CTX["catalog"], "verify_cfg": VerifyConfig(**verify),
-               "kb": KernelBenchIndex.from_config(dedup), "pool": _Stand("cuda", BUDGET_MB)}
+               "kb": KernelBenchIndex.from_config(dedup), "pool": SizingPool("cuda", BUDGET_MB)}
     return ctx
 
 

@@ -133,8 +133,14 @@ GROW = "import os, sys, time\nif os.fork() == 0:\n    b = bytearray(200 << 20)\n
 
 def test_one_listing_reads_each_tree_as_the_per_tree_reading_does():
     """`trees_rss_bytes` (one /proc listing for every tree) counts a child's memory in its tree, as
-    `tree_rss_bytes` does, and a pid that is gone reads 0."""
-    from opsynth.runtime.supervise import tree_rss_bytes, trees_rss_bytes
+    psutil's per-tree reading does, and a pid that is gone reads 0."""
+    import psutil
+
+    from opsynth.runtime.supervise import trees_rss_bytes
+
+    def tree_rss_bytes(pid):  # psutil's reading, the reference
+        top = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [top, *top.children(recursive=True)])
 
     proc = subprocess.Popen([sys.executable, "-c", GROW], stdout=subprocess.PIPE, text=True)
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
