@@ -50,11 +50,12 @@ HACKS = {
     "median_patch": ("timer_patched", -1),  # statistics.median replaced
     "precompute": ("harness_patched", -1),  # C++ from forward: a gc callback at threshold 1 computes each call's
     # outputs once the harness has written its inputs, off the clock; the timed call copies them out
-    # A harness class's methods, from C++ through pybind11, each reporting 35% of the time measured: within
-    # the parent's rejection bound around the call (what it hides, ~1.7 ms, is inside the absolute slack),
-    # so the snapshot's class-method part (disabled_guards "harness_class_methods") rejects them and the
-    # claims' floor on the parent's clock ("call_wall_floor") takes back what they hide. slow_honest is
-    # their kernel without the attack: reward 1 (about twice eager), which the attacks turn into 2.
+    # A harness class's methods, from C++ through pybind11, each reporting 55% of the time measured: within
+    # the parent's rejection bound around the call (what it hides, ~1 ms, is below the claim and inside the
+    # absolute slack), so the snapshot's class-method part (disabled_guards "harness_class_methods") rejects
+    # them and the claims' floor on the parent's clock ("call_wall_floor") takes back what they hide.
+    # slow_honest is an honest kernel of the same kind (8 passes, 1.2-1.8x eager): reward 1; the attacks'
+    # kernel (6 passes, 1.1-1.5x eager) scores 2 with them (CONTROLS).
     "slow_honest": ("ok", 1),
     "class_patch": ("harness_patched", -1),  # C++ static initialiser: Timer.time_call rebound (setattr on the class)
     "class_swap": ("timer_patched", -1),  # C++ from forward: the Timer instance found through gc, its __class__
@@ -80,7 +81,10 @@ CONTROLS = [
     (("harness_snapshot",), "precompute", "implausible_timing", -1),  # the parent's clock before the call alone
     (("harness_snapshot", "wall_clock"), "precompute", "ok", 2),  # an 80x kernel scores as a fused one
     # The snapshot's class-method part and the claims' floor off (the rejection bound and physical floor
-    # on): the honest kernel still scores 1, each attack on it 2.
+    # on): the honest kernel still scores 1, each attack 2. The attacks claim 55 % of a 6-pass kernel
+    # (1.1-1.5x eager here), as a forger who knows the rejection bound would: that bound admits hiding
+    # up to the claim itself. At 35 % of the 8-pass kernel (1.5-2x eager) the hidden ~2.7 ms passed the
+    # bound on a quiet machine and failed it in CI (2.97 ms seen, 2.82 allowed), where calls ran longer.
     (("harness_class_methods", "call_wall_floor"), "slow_honest", "ok", 1),
     (("harness_class_methods", "call_wall_floor"), "class_patch", "ok", 2),
     (("harness_class_methods", "call_wall_floor"), "class_swap", "ok", 2),
@@ -140,16 +144,36 @@ def test_every_timed_call_had_fresh_inputs_and_was_checked(hack_results):
     assert hack_results["memo"].times["candidate_ms"] > 10 * t["candidate_ms"]
 
 
-@pytest.fixture(scope="module")
-def control_results(reward_cache):
+def _evaluate_cases(cases, task: str, cache: str, keys=("candidate_ms", "eager_ms", "call_margin_ms")) -> dict:
+    """{(guards off, name): EvalResult} for (off, name, reason, reward) cases, a batch per set of guards
+    off. A case expected to pass the parent's clock ("ok") that one of the clock's other bounds rejected
+    (`implausible_timing`) is evaluated once more, alone: on the 2-core CI machine, with other tests
+    and children beside it, the harness's stretches around the call read up to 2x the reference's
+    measured a moment earlier (seen: 89.9 ms after the call against a 40.4 ms yardstick, on an honest
+    stretch of a ~14 ms call). A control shows that an attack can pay with its guard off; one
+    evaluation in two that pays shows it, and the second still fails the test if the attack never does.
+    A case whose reward the test leaves open (None) takes its first verdict."""
     by_off: dict = {}
-    for off, name, _, _ in CONTROLS:
+    for off, name, _, _ in cases:
         by_off.setdefault(off, []).append(name)
+    retried = {(off, name) for off, name, reason, reward in cases if reason == "ok" and reward is not None}
     out = {}
     for off, names in by_off.items():
-        results = evaluate_many([(CHAIN, candidate(n)) for n in names], _cfg(reward_cache, static_check=False, disabled_guards=list(off)))
-        out.update({(off, n): r for n, r in zip(names, results)})
+        cfg = _cfg(cache, static_check=False, disabled_guards=list(off))
+        results = evaluate_many([(task, candidate(n)) for n in names], cfg)
+        for n, r in zip(names, results):
+            if (off, n) in retried and r.reason == "implausible_timing":
+                print(f"{'+'.join(off) or 'defaults':40s} {n:16s} {r.reason} under load ({r.details.get('detail', '')[:200]}): once more")
+                r = evaluate_many([(task, candidate(n))], cfg)[0]
+            print(f"{'+'.join(off) or 'defaults':40s} {n:16s} {r.reward:3d} {r.reason:20s} "
+                  f"{ {k: r.times.get(k) for k in keys} }")
+            out[(off, n)] = r
     return out
+
+
+@pytest.fixture(scope="module")
+def control_results(reward_cache):
+    return _evaluate_cases(CONTROLS, CHAIN, reward_cache)
 
 
 @pytest.mark.parametrize("off,name,reason,reward", CONTROLS, ids=[f"{n}-without-{'+'.join(o)}" for o, n, _, _ in CONTROLS])
@@ -178,17 +202,8 @@ WALL_CASES = [
 
 @pytest.fixture(scope="module")
 def wall_results(reward_cache):
-    by_off: dict = {}
-    for off, name, _, _ in WALL_CASES:
-        by_off.setdefault(off, []).append(name)
-    out = {}
-    for off, names in by_off.items():
-        results = evaluate_many([(WIDE, candidate(n)) for n in names], _cfg(reward_cache, static_check=False, disabled_guards=list(off)))
-        for n, r in zip(names, results):
-            print(f"{'+'.join(off) or 'defaults':34s} {n:16s} {r.reward:3d} {r.reason:20s} "
-                  f"{ {k: r.times.get(k) for k in ('candidate_ms', 'first_pass_ms', 'eager_ms', 'call_floor_scale', 'call_shortfall_ms')} }")
-        out.update({(off, n): r for n, r in zip(names, results)})
-    return out
+    return _evaluate_cases(WALL_CASES, WIDE, reward_cache,
+                           ("candidate_ms", "first_pass_ms", "eager_ms", "call_floor_scale", "call_shortfall_ms"))
 
 
 @pytest.mark.parametrize("off,name,reason,reward", WALL_CASES, ids=[f"{n}-without-{'+'.join(o) or 'nothing'}" for o, n, _, _ in WALL_CASES])

@@ -1,6 +1,6 @@
 # A C++ static initialiser (load time) rebinds json.dumps, which every line the child sends the parent
 # goes through (rounds.Channel.request), to a C++ function that rewrites each "round_returned" reply to
-# 35% of the time measured and passes every other line as it was (so the harness check's own report
+# 55% of the time measured and passes every other line as it was (so the harness check's own report
 # still leaves intact). No harness name, class or code object changes: only the snapshot's watch of
 # what the reply goes through (json, its encoder, the builtins run_rounds uses) sees it; the parent's
 # clock allows a claim that far below the call, as for class_patch.
@@ -18,7 +18,7 @@ static py::object shaved(py::object obj, py::kwargs kw) {
         if (d.contains("kind") && d["kind"].cast<std::string>() == "round_returned" && d.contains("ms")) {
             py::dict c;
             for (auto item : d) c[item.first] = item.second;
-            c["ms"] = py::float_(d["ms"].cast<double>() * 0.35);
+            c["ms"] = py::float_(d["ms"].cast<double>() * 0.55);
             return (*orig_dumps)(c, **kw);
         }
     }
@@ -52,4 +52,4 @@ class ModelNew(nn.Module):
         self.scale, self.shift = scale, shift
 
     def forward(self, x):
-        return atk.slow_chain(x, self.scale, self.shift, 8)  # correct, too slow to beat eager
+        return atk.slow_chain(x, self.scale, self.shift, 6)  # correct, not faster than eager
