@@ -36,13 +36,11 @@ PASSES = {"forward": 0.75, "backward": 0.25}
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    """The GenerateConfig `python -m pipelines.generate <overrides>` would run (its own config loading)."""
+    from opsynth import cli
+    from opsynth.generate.config import GenerateConfig, generate_config
 
-    from opsynth.generate.config import generate_config
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        return generate_config(hydra_compose(config_name="generate", overrides=overrides))
+    return generate_config(cli.compose("generate", overrides, {"": GenerateConfig}))
 
 
 def _q(values: list[float]) -> dict:

@@ -74,13 +74,10 @@ def device_overrides(device: str) -> list[str]:
 
 def compose(overrides: list[str]):
     """The GenerateConfig `python -m pipelines.generate <overrides>` would run."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from opsynth import cli
+    from opsynth.generate.config import GenerateConfig, generate_config
 
-    from opsynth.generate.config import generate_config
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        return generate_config(hydra_compose(config_name="generate", overrides=overrides))
+    return generate_config(cli.compose("generate", overrides, {"": GenerateConfig}))
 
 
 # ---- samplers of the machine's state -----------------------------------------------------------------

@@ -254,6 +254,16 @@ def _known_keys(config_name: str, overrides: list[str], bad_key: str, schema: se
     return found | schema, groups
 
 
+def compose(config_name: str, overrides: list[str], fields: Fields = None, config_dir: Path = CONF_DIR):
+    """The settings the command `config_name` would run with these overrides (a DictConfig without
+    Hydra's own node), read as the command line reads them (`check_overrides`: a dataclass key the
+    YAML lacks is accepted): for scripts that build a command's settings without running it."""
+    from omegaconf import OmegaConf
+
+    cfg = _compose(config_name, check_overrides(config_name, overrides, fields, config_dir=config_dir), config_dir)
+    return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+
+
 # --- the entry decorator ----------------------------------------------------------------------
 
 def apply_aliases(args: list[str], aliases: Mapping[str, str]) -> list[str]:

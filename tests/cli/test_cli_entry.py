@@ -112,6 +112,27 @@ def test_the_real_generate_config_rejects_n_task_and_accepts_unlisted_verify_key
     assert out == ["verify=auto", "++verify.max_tasks_per_worker=50", "++cluster.slurm.cores=4", "n_tasks=3"]
 
 
+def test_a_script_composes_the_settings_the_command_would_run():
+    """cli.compose, what benchmarks/generate_throughput.py builds its windows' settings with: a
+    VerifyConfig key the YAML lacks is accepted as on the command line (Hydra's compose alone refuses
+    it: the window benchmark failed on `verify.sizing_split=4` before any window)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from opsynth.generate.config import generate_config
+
+    overrides = ["verify=cuda", "verify.sizing_split=4", "prepare_processes=2"]
+    with initialize_config_dir(config_dir=str(cli.CONF_DIR), version_base=None), \
+            pytest.raises(ConfigCompositionException, match="sizing_split"):
+        compose(config_name="generate", overrides=overrides)
+    cfg = cli.compose("generate", overrides, {"": GenerateConfig})
+    assert "hydra" not in cfg
+    gen = generate_config(cfg)
+    assert (gen.verify.sizing_split, gen.prepare_processes, gen.verify.device) == (4, 2, "cuda")
+    with pytest.raises(cli.UsageError, match="sizing_splt"):
+        cli.compose("generate", ["verify.sizing_splt=4"], {"": GenerateConfig})
+
+
 TOY = """
 import dataclasses
 from opsynth import cli
