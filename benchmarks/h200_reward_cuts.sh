@@ -13,6 +13,8 @@
 # by side (reward.parallel_nvcc; about 170 s in all: CLI_S=190). CLI_S=0 or RUN_S=0 skips that stage, PROBES=0 the probes.
 # THROUGHPUT_ARGS="--plain-lock-group": after the GRPO-shaped phase, the same shape with the device lock's timings
 # not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again (about 30 s each).
+# THROUGHPUT_ARGS="--warmup-sweep 5,3": after the GRPO-shaped phase, the same shape with 5 and then 3 warm-up rounds
+# (10 by default on cuda) inside each candidate's locked section, the GRPO-shaped floor (about 16 s each).
 # Results in $OUT: probes.log, cuda_ipc_probe.json, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

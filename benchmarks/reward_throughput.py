@@ -411,6 +411,9 @@ def main() -> None:
                     "the device lock's timings not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again")
     ap.add_argument("--ready-sweep", default="", help="after the GRPO-shaped phase (and its sweep), the same shape again "
                     "with each of these reward.ready_children counts, e.g. 0,8: measuring children parked ahead, measured")
+    ap.add_argument("--warmup-sweep", default="", help="after the GRPO-shaped phase (and the sweeps above), the same shape "
+                    "again with each of these reward.warmup counts, e.g. 5,3: the warm-up rounds each candidate runs inside "
+                    "its locked section (10 on cuda by default), measured in the phase's median locked_s and rewards")
     ap.add_argument("--skip-distinct", action="store_true", help="skip the one-at-a-time and distinct phases (a sweep's call)")
     ap.add_argument("--no-shared-pch", action="store_true", help="build without the shared precompiled torch/extension.h")
     ap.add_argument("--ccache", default="auto", help="reward.ccache: auto, false, or a path")
@@ -418,6 +421,12 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temp dir (fresh caches: every build is real)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "reward_throughput.json"))
     args = ap.parse_args()
+    try:  # before any phase: a bad value must not cost a device call's minutes
+        warmups = [int(x) for x in args.warmup_sweep.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--warmup-sweep takes warm-up counts separated by commas, e.g. 5,3; got {args.warmup_sweep!r}")
+    if any(n < 0 for n in warmups):
+        ap.error(f"--warmup-sweep: warm-up counts must be >= 0, got {args.warmup_sweep!r}")
 
     import torch
 
@@ -570,6 +579,10 @@ def main() -> None:
         phase("group_again", group_pairs(71_000, run_salt + 501_000))
     for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):
         phase(f"group_r{n}", group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))
+    # 6. The same shape with fewer warm-up rounds: the locked section is the GRPO-shaped floor (24 x 0.44 s on the
+    # H200, 2026-12-06), and the candidate's checked trials have already run its kernels once
+    for k, n in enumerate(warmups):
+        phase(f"group_u{n}", group_pairs(60_000 + 1000 * k, run_salt + 600_000 + 1000 * k), pcfg=dataclasses.replace(cfg, warmup=n))
     names = [p for p in ("distinct", "group") if p in out["phases"]]
     tu_h = sum(out["phases"][p]["tu_hits"] for p in names)
     tu_n = sum(out["phases"][p]["tu_compiles"] for p in names)
