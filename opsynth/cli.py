@@ -184,6 +184,19 @@ def check_overrides(config_name: str, overrides: list[str], fields: Fields = Non
         a key one of them has but the YAML lacks is passed on as `++key=value`.
     required: what to say for a `???` key left unset, e.g. {"repo_id": "add repo_id=<user or org>/<name>"};
         a key mapped to None is left to the command (needed by one mode only, say)."""
+    return _checked_compose(config_name, overrides, fields, required, config_dir)[0]
+
+
+def compose(config_name: str, overrides: list[str], fields: Fields = None, config_dir: Path = CONF_DIR):
+    """The settings the command `config_name` would run with these overrides (a DictConfig without
+    Hydra's own node), read as the command line reads them (`check_overrides`: a dataclass key the
+    YAML lacks is accepted): for scripts that build a command's settings without running it."""
+    return _checked_compose(config_name, overrides, fields, None, config_dir)[1]
+
+
+def _checked_compose(config_name: str, overrides: list[str], fields: Fields,
+                     required: Mapping[str, str | None] | None, config_dir: Path):
+    """(the overrides as Hydra takes them, the composed settings without Hydra's node): `check_overrides`."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
     from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
@@ -234,7 +247,7 @@ def check_overrides(config_name: str, overrides: list[str], fields: Fields = Non
     if missing:
         k = missing[0]
         raise UsageError(f"{k} is required: {hints.get(k) or f'add {k}=<value>'}")
-    return overrides
+    return overrides, task_cfg
 
 
 def _known_keys(config_name: str, overrides: list[str], bad_key: str, schema: set[str],
@@ -252,16 +265,6 @@ def _known_keys(config_name: str, overrides: list[str], bad_key: str, schema: se
     except Exception:
         found, groups = set(), []
     return found | schema, groups
-
-
-def compose(config_name: str, overrides: list[str], fields: Fields = None, config_dir: Path = CONF_DIR):
-    """The settings the command `config_name` would run with these overrides (a DictConfig without
-    Hydra's own node), read as the command line reads them (`check_overrides`: a dataclass key the
-    YAML lacks is accepted): for scripts that build a command's settings without running it."""
-    from omegaconf import OmegaConf
-
-    cfg = _compose(config_name, check_overrides(config_name, overrides, fields, config_dir=config_dir), config_dir)
-    return OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
 
 
 # --- the entry decorator ----------------------------------------------------------------------
