@@ -152,17 +152,19 @@ def _evaluate_cases(cases, task: str, cache: str, keys=("candidate_ms", "eager_m
     measured a moment earlier (seen: 89.9 ms after the call against a 40.4 ms yardstick, on an honest
     stretch of a ~14 ms call). A control shows that an attack can pay with its guard off; one
     evaluation in two that pays shows it, and the second still fails the test if the attack never does.
+    The same for such a case whose reward came out other than expected (CI, 2026-12-07: class_patch's
+    6-pass kernel read 1.9x eager once, its 55 % claim 2.22 ms against eager 2.13: reward 1).
     A case whose reward the test leaves open (None) takes its first verdict."""
     by_off: dict = {}
     for off, name, _, _ in cases:
         by_off.setdefault(off, []).append(name)
-    retried = {(off, name) for off, name, reason, reward in cases if reason == "ok" and reward is not None}
+    retried = {(off, name): reward for off, name, reason, reward in cases if reason == "ok" and reward is not None}
     out = {}
     for off, names in by_off.items():
         cfg = _cfg(cache, static_check=False, disabled_guards=list(off))
         results = evaluate_many([(task, candidate(n)) for n in names], cfg)
         for n, r in zip(names, results):
-            if (off, n) in retried and r.reason == "implausible_timing":
+            if (off, n) in retried and (r.reason == "implausible_timing" or r.reward != retried[(off, n)]):
                 print(f"{'+'.join(off) or 'defaults':40s} {n:16s} {r.reason} under load ({r.details.get('detail', '')[:200]}): once more")
                 r = evaluate_many([(task, candidate(n))], cfg)[0]
             print(f"{'+'.join(off) or 'defaults':40s} {n:16s} {r.reward:3d} {r.reason:20s} "
