@@ -310,12 +310,17 @@ def main(argv: list[str] | None = None) -> int:
         child.kill()
     ratios = [r["ratio"] for r in report["rows"] if r.get("ratio")]
     report["ratio_median"] = statistics.median(ratios) if ratios else None
+    # The spread of the quiet / row ratio: deciles over the rows re-measured (None below 2 rows).
+    deciles = statistics.quantiles(ratios, n=10) if len(ratios) >= 2 else None
+    report["ratio_p10"], report["ratio_p90"] = (deciles[0], deciles[-1]) if deciles else (None, None)
     report["bitwise_share"] = (sum(1 for r in report["rows"] if r.get("bitwise")) / report["rows_checked"]
                                if report["rows_checked"] else None)
     out.write_text(json.dumps(report, indent=1))
     print(f"\n{report['rows_checked']} rows checked on {report['device']}: pass_share {report['pass_share']:.3f}, "
           f"failures {report['failures'] or 'none'}, re-measured/row eager median "
-          f"{report['ratio_median'] if report['ratio_median'] is None else round(report['ratio_median'], 3)}, "
+          f"{report['ratio_median'] if report['ratio_median'] is None else round(report['ratio_median'], 3)} "
+          f"(p10 {report['ratio_p10'] if report['ratio_p10'] is None else round(report['ratio_p10'], 3)}, "
+          f"p90 {report['ratio_p90'] if report['ratio_p90'] is None else round(report['ratio_p90'], 3)}), "
           f"bitwise repeatable {report['bitwise_share']:.2f}; wrote {out}")
     return 0
 
