@@ -20,9 +20,10 @@ def _conftest():
     return mod
 
 
-def _hold(path: str, alone: bool, hold_s: float, start_after_s: float, q) -> None:
-    time.sleep(start_after_s)
-    with _conftest()._suite_share(path, alone):
+def _hold(path: str, alone: bool, hold_s: float, start_at: float, q) -> None:
+    share = _conftest()._suite_share
+    time.sleep(max(0.0, start_at - time.monotonic()))  # CLOCK_MONOTONIC: one clock for all processes
+    with share(path, alone):
         t0 = time.monotonic()
         time.sleep(hold_s)
         q.put((alone, t0, time.monotonic()))
@@ -31,7 +32,11 @@ def _hold(path: str, alone: bool, hold_s: float, start_after_s: float, q) -> Non
 def _run(path, plan):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_hold, args=(path, alone, hold, after, q)) for alone, hold, after in plan]
+    # Each process asks at a common clock's time, not after its own start: a spawned interpreter's
+    # start-up varies by more than the plan's gaps on a loaded machine (CI: the `alone` process asked
+    # after the second ordinary one), and the test would then check another order than it planned.
+    base = time.monotonic() + 5.0
+    procs = [ctx.Process(target=_hold, args=(path, alone, hold, base + after, q)) for alone, hold, after in plan]
     for p in procs:
         p.start()
     spans = [q.get(timeout=60) for _ in procs]
