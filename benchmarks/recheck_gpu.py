@@ -316,11 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     report["bitwise_share"] = (sum(1 for r in report["rows"] if r.get("bitwise")) / report["rows_checked"]
                                if report["rows_checked"] else None)
     out.write_text(json.dumps(report, indent=1))
+    r3 = {k: None if report[k] is None else round(report[k], 3) for k in ("ratio_median", "ratio_p10", "ratio_p90")}
     print(f"\n{report['rows_checked']} rows checked on {report['device']}: pass_share {report['pass_share']:.3f}, "
           f"failures {report['failures'] or 'none'}, re-measured/row eager median "
-          f"{report['ratio_median'] if report['ratio_median'] is None else round(report['ratio_median'], 3)} "
-          f"(p10 {report['ratio_p10'] if report['ratio_p10'] is None else round(report['ratio_p10'], 3)}, "
-          f"p90 {report['ratio_p90'] if report['ratio_p90'] is None else round(report['ratio_p90'], 3)}), "
+          f"{r3['ratio_median']} (p10 {r3['ratio_p10']}, p90 {r3['ratio_p90']}), "
           f"bitwise repeatable {report['bitwise_share']:.2f}; wrote {out}")
     return 0
 
