@@ -100,7 +100,8 @@ class Candidate:
     def to_record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {"index": self.index, "seed": self.seed, "accepted": self.accepted, "reason": self.reason,
                                "row": self.row.to_dict() if self.row is not None else None,
-                               "signature": self.signature, "evidence": self.evidence, "stage_s": self.stage_s}
+                               "signature": self.signature, "evidence": self.evidence, "stage_s": self.stage_s,
+                               "verifier_ran": self.verified is not None}  # False: decided before the GPU (quota.py)
         if self.verified is not None and self.verified.signature:  # the eager checks passed: the committer's
             rec["trace_signature"] = self.verified.signature  # semantic-duplicate test comes before compile's verdict
         if self.predicted_ms is not None:

@@ -51,7 +51,8 @@ class GenerateConfig:
     # Fill the operator-count, precision and pass mixtures by quota (`opsynth.generate.quota`): each
     # slot, dtype and pass holds at most its share of n_tasks; one whose last `mixture_give_up` committed
     # candidates were all rejected is given up and its rows go to the others of its axis (0: never give
-    # up; the run then stops at max_candidates).
+    # up; the run then stops at max_candidates). One rejected before the verifier counts a tenth
+    # (`quota.PRE_VERIFIER_MISS`).
     mixture_quota: bool = True
     mixture_give_up: int = 200
     # Send each candidate the committed rows' trace signatures, so a semantic duplicate stops before

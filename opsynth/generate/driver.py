@@ -42,7 +42,7 @@ from opsynth.generate import state as statefile
 from opsynth.generate.candidate import measure_peaks, process_candidate, slot_plan
 from opsynth.generate.config import SEED_STRIDE, GenerateConfig, candidate_seed, describe_run, plain
 from opsynth.generate.quota import REASON as SLOT_FULL
-from opsynth.generate.quota import AXES, SLOT_AXIS, MixtureQuotas
+from opsynth.generate.quota import AXES, PRE_VERIFIER_MISS, SLOT_AXIS, MixtureQuotas
 from opsynth.generate.state import DatasetFolderError, read_ledger, rows_with_ids
 
 log = logging.getLogger("opsynth.generate")
@@ -199,14 +199,18 @@ class _Committer:
             else:
                 self.semantic.add(row["task_id"], row["trace_signature"])
         if reason:
-            gave = self.quota.note(values, accepted=False) if values is not None and reason != SLOT_FULL else None
+            # A candidate rejected before the verifier (the record says; one from a lost worker counts whole).
+            miss = PRE_VERIFIER_MISS if rec.get("verifier_ran") is False else 1.0
+            gave = (self.quota.note(values, accepted=False, miss=miss) if values is not None and reason != SLOT_FULL
+                    else None)
             if gave is not None:
                 self.quota_grew = True
                 axis, value = gave
                 q = self.quota.axes[axis]
                 log.warning("mixture %s %s given up after %d committed candidates in a row carrying it were rejected "
-                            "(%d/%d rows); its rows go to the other %s: quotas now %s",
-                            "slot" if axis == SLOT_AXIS else axis, value, q.give_up, q.counts[value], q.n_tasks,
+                            "(one rejected before the verifier counts %g) (%d/%d rows); its rows go to the other %s: "
+                            "quotas now %s", "slot" if axis == SLOT_AXIS else axis, value, q.give_up, PRE_VERIFIER_MISS,
+                            q.counts[value], q.n_tasks,
                             "slots" if axis == SLOT_AXIS else f"{axis} values", q.quotas)
             self.stats.reject(reason)
             if sum(1 for e in self.examples if e["reason"] == reason) < 3:

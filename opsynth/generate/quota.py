@@ -13,7 +13,8 @@ alone, and a resumed run (counts rebuilt from the rows' columns on disk) decides
 one. An axis with one value has no quota (it could only ever hold all the rows).
 
 A value that cannot fill (all its candidates fail on some device) is *given up* after `give_up`
-of the committed candidates carrying it in a row were rejected (any reason but a full value): its
+of the committed candidates carrying it in a row were rejected (any reason but a full value; one
+rejected before the verifier counts `PRE_VERIFIER_MISS` of a miss, see there): its
 quota drops to the rows it holds and the rows it leaves are shared out over its axis' live values
 by their shares (a live value's quota never shrinks). The marginal quotas are met only if the draws
 hold the needed combinations (fp32 and forward full leave only bf16/fp16 backward candidates to
@@ -31,6 +32,14 @@ import math
 from collections import Counter
 
 REASON = "mixture_slot_full"
+# What a candidate rejected before it reached the verifier (sampling, sizing: mostly `predicted_oom`, the
+# KernelBench check) counts toward give-up, against 1 for one the verifier checked. Such a rejection costs a
+# preparing process about 27 ms and no GPU time, against seconds of a verifier worker for a checked one; counted as
+# a whole miss it gave up slots that fill at a low but cheap rate: on an H100 with 16 workers (4.2 GB a request)
+# single-op `torch#1` and `transformers#1` candidates are mostly `predicted_oom`, and both were given up at 16/34
+# and 7/12 rows (benchmarks/results/generate_quota_h100/2026-12-07). A slot that can never pass is still given
+# up, after give_up / PRE_VERIFIER_MISS cheap rejections in a row.
+PRE_VERIFIER_MISS = 0.1
 SLOT_AXIS = "data_source"
 AXES = (SLOT_AXIS, "dtype", "task_pass")  # the row columns counted, in the order they are asked
 
@@ -56,7 +65,7 @@ class MixtureQuota:
                  give_up: int = 0, misses: dict | None = None, given_up: list | None = None):
         self.n_tasks, self.shares, self.give_up = n_tasks, dict(shares), int(give_up)
         self.counts: Counter = Counter(counts or {})
-        self.misses: Counter = Counter({str(k): int(v) for k, v in (misses or {}).items()})
+        self.misses: Counter = Counter({str(k): float(v) for k, v in (misses or {}).items()})
         self.given_up: list[str] = []
         self.quotas = apportion(n_tasks, self.shares)
         for value in given_up or []:
@@ -65,14 +74,14 @@ class MixtureQuota:
     def full(self, value: str) -> bool:
         return self.counts[value] >= self.quotas.get(value, 0)
 
-    def note(self, value: str, accepted: bool, may_give_up: bool = True) -> bool:
-        """Count one committed candidate of `value` (not one rejected for a full value); True when
-        this gave the value up (the live values' quotas grew)."""
+    def note(self, value: str, accepted: bool, may_give_up: bool = True, miss: float = 1.0) -> bool:
+        """Count one committed candidate of `value` (not one rejected for a full value), a rejected
+        one as `miss` of a miss; True when this gave the value up (the live values' quotas grew)."""
         if accepted:
             self.counts[value] += 1
             self.misses[value] = 0
             return False
-        self.misses[value] += 1
+        self.misses[value] = round(self.misses[value] + miss, 6)  # tenths add up exactly: a give-up never waits one more
         if may_give_up and self.can_give_up(value):
             self._give_up(value)
             return True
@@ -138,12 +147,12 @@ class MixtureQuotas:
     def quota(self, axis: str, value: str) -> int:
         return self.axes[axis].quotas.get(value, 0)
 
-    def note(self, values: dict[str, str], accepted: bool) -> tuple[str, str] | None:
-        """Count one committed candidate on every axis; the (axis, value) this gave up, if any
-        (at most one per candidate: the first axis' that is due)."""
+    def note(self, values: dict[str, str], accepted: bool, miss: float = 1.0) -> tuple[str, str] | None:
+        """Count one committed candidate on every axis (a rejected one as `miss` of a miss); the
+        (axis, value) this gave up, if any (at most one per candidate: the first axis' that is due)."""
         gave = None
         for axis, q in self.axes.items():
-            if q.note(values[axis], accepted, may_give_up=gave is None):
+            if q.note(values[axis], accepted, may_give_up=gave is None, miss=miss):
                 gave = axis, values[axis]
         return gave
 
@@ -163,7 +172,8 @@ class MixtureQuotas:
 
     def summary(self) -> dict:
         """What the card and report print: the slot axis at the top level, the other axes under `axes`."""
-        out = {**self.slot.summary(), "give_up_after": self.give_up, "reason": REASON}
+        out = {**self.slot.summary(), "give_up_after": self.give_up, "pre_verifier_miss": PRE_VERIFIER_MISS,
+               "reason": REASON}
         others = {axis: q.summary() for axis, q in self.axes.items() if axis != SLOT_AXIS}
         if others:
             out["axes"] = others

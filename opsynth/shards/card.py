@@ -208,8 +208,10 @@ def _quota_words(q: dict[str, Any]) -> str:
              f"(`{q.get('reason')}`). The target is the sampler's expected share of each slot over its precisions and "
              "passes.")
     if q.get("given_up"):
-        words += (f" Given up, after {q.get('give_up_after')} of their candidates in a row were rejected (their rows "
-                  f"went to the other slots): {', '.join(f'`{g}`' for g in q['given_up'])}.")
+        cheap = (f"; one rejected before verification, at sampling, sizing or the KernelBench check, counted "
+                 f"{q['pre_verifier_miss']:g} of one" if q.get("pre_verifier_miss") is not None else "")
+        words += (f" Given up, after {q.get('give_up_after')} of their candidates in a row were rejected{cheap} (their "
+                  f"rows went to the other slots): {', '.join(f'`{g}`' for g in q['given_up'])}.")
     if q.get("axes"):
         words += (" The precision and pass mixture was filled the same way, each value of "
                   f"{' and '.join(f'`{a}`' for a in q['axes'])} up to its own quota: a candidate with any value full was "

@@ -67,7 +67,8 @@ class RunStats:
     # {name: target}, "backward_loss": words}; the card prints them with the rows' counts.
     precisions: dict[str, Any] = field(default_factory=dict)
     # The mixture quotas (`opsynth.generate.quota.MixtureQuotas.summary`): {"quotas": slot -> rows
-    # allowed, "rows": slot -> rows held, "given_up": slots given up, "give_up_after": misses, "reason":
+    # allowed, "rows": slot -> rows held, "given_up": slots given up, "give_up_after": misses, "pre_verifier_miss":
+    # what a rejection before the verifier counts of a miss, "reason":
     # the rejection's name, and, when the precision or pass mixture has more than one value, "axes":
     # {"dtype" or "task_pass": {"quotas", "rows", "given_up"}}}; {} when off.
     mixture_quota: dict[str, Any] = field(default_factory=dict)

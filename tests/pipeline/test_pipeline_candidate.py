@@ -43,6 +43,7 @@ def accepted(cfgs):
 def test_a_good_seed_gives_an_accepted_record_with_a_valid_row(accepted):
     rec = accepted
     assert rec["accepted"] is True and rec["reason"] is None, rec
+    assert rec["verifier_ran"] is True
     assert (rec["index"], rec["seed"]) == (0, SEED)
     row = rec["row"]
     assert validate_row(row) == row  # every column present, typed as the schema says, in order
@@ -88,6 +89,7 @@ def test_a_sampling_failure_is_a_record_not_an_exception(cfgs):
     sampler, verify, dedup = cfgs
     rec = candidate.process_candidate(5, 5, {**sampler, "max_attempts": 0}, verify, dedup, True)
     assert (rec["accepted"], rec["reason"], rec["index"]) == (False, "sampling_failed", 5)
+    assert rec["verifier_ran"] is False  # decided before the GPU: a tenth of a miss toward giving its slot up
     assert "attempts" in rec["evidence"]
 
 
@@ -109,7 +111,7 @@ def test_a_verifier_rejection_is_a_record_with_a_named_reason(cfgs):
     assert rec["accepted"] is False and rec["row"] is None
     # The memory one verifier request may hold stops the batch before any target this slow.
     assert rec["reason"] == "predicted_oom" and rec["reason"] in REASONS
-    assert rec["evidence"]
+    assert rec["evidence"] and rec["verifier_ran"] is False
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 13), reason="CPython 3.13 fixed the race; the pipeline leaves ast alone")

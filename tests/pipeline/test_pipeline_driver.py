@@ -63,7 +63,8 @@ def install_fake(monkeypatch, tasks, folder):
     """The `fake` fixture's stand-in, patched in with `monkeypatch` and logging its calls in `folder`
     (also for module-scoped fixtures, with a pytest.MonkeyPatch.context())."""
     log = folder / "calls.txt"
-    fake = SimpleNamespace(accept=_accepts, calls=lambda: [int(x) for x in log.read_text().split()] if log.exists() else [])
+    fake = SimpleNamespace(accept=_accepts, before_verifier=lambda i: False,
+                           calls=lambda: [int(x) for x in log.read_text().split()] if log.exists() else [])
 
     def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):
         with open(log, "a") as f:
@@ -74,7 +75,10 @@ def install_fake(monkeypatch, tasks, folder):
         rec = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
                "signature": t["signature"], "evidence": None}
         if not fake.accept(index):
-            rec.update(reason="too_fast", evidence={"eager_ms": 0.01})
+            if fake.before_verifier(index):  # rejected at sizing, as a real record of one says
+                rec.update(reason="predicted_oom", evidence={"stage": "size"}, verifier_ran=False)
+            else:
+                rec.update(reason="too_fast", evidence={"eager_ms": 0.01}, verifier_ran=True)
             return rec
         rec["accepted"] = True
         rec["row"] = {"code": t["code"], "ops": t["ops"], "data_source": t["st"].data_source,

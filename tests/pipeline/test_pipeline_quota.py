@@ -26,7 +26,7 @@ import test_pipeline_driver as driver_tests
 from opsynth.dedup import DedupConfig, NearDupIndex
 from opsynth.generate import driver
 from opsynth.generate.config import GenerateConfig
-from opsynth.generate.quota import AXES, REASON, MixtureQuota, MixtureQuotas, apportion
+from opsynth.generate.quota import AXES, PRE_VERIFIER_MISS, REASON, MixtureQuota, MixtureQuotas, apportion
 from opsynth.generate.state import STATE_FILE
 from opsynth.graph import OPS6K_MIXTURE, SamplerConfig, source_name
 from opsynth.shards import read_rows
@@ -153,7 +153,8 @@ def test_an_axis_with_one_value_has_no_quota_and_the_slots_decide_as_before():
         assert (gave is not None) == alone.note(v["data_source"], ok)
     assert alone.given_up and multi.slot.quotas == alone.quotas and multi.slot.counts == alone.counts
     assert multi.to_state() == alone.to_state() and "axes" not in multi.summary()
-    assert multi.summary() == {**alone.summary(), "give_up_after": 3, "reason": REASON}
+    assert multi.summary() == {**alone.summary(), "give_up_after": 3, "pre_verifier_miss": PRE_VERIFIER_MISS,
+                               "reason": REASON}
 
 
 def test_the_state_carries_every_axis_and_an_old_state_is_the_slot_axis():
@@ -261,6 +262,55 @@ def test_a_slot_that_never_passes_is_given_up_and_the_others_fill_the_run(tmp_pa
     assert "mixture slot torch#2 given up" in caplog.text
     state = json.loads((tmp_path / "ds" / STATE_FILE).read_text())
     assert state["mixture_quota"]["given_up"] == ["torch#2"]
+
+
+def _miss_runs(tasks, passes, slot, until):
+    """The lengths of `slot`'s runs of rejected candidates, in candidate order, before its `until`-th pass."""
+    runs, run, held = [], 0, 0
+    for i in range(N_CANDIDATES):
+        if tasks[i]["st"].data_source != slot:
+            continue
+        if passes(i):
+            runs.append(run)
+            run, held = 0, held + 1
+            if held == until:
+                return runs
+        else:
+            run += 1
+    return runs + [run]
+
+
+@pytest.mark.parametrize("before_verifier", [True, False], ids=["rejected-before-the-verifier", "rejected-by-it"])
+def test_a_slot_rejected_before_the_verifier_fills_where_one_rejected_by_it_is_given_up(tmp_path, tasks, fake,
+                                                                                      before_verifier):
+    """torch#2 passes one candidate in five. Its others rejected at sizing (as single-op candidates are
+    `predicted_oom` on a GPU shared by 16 workers: no GPU time spent) count a tenth of a miss, and it
+    fills; the same pattern rejected by the verifier counts whole, and a run of misses gives it up."""
+    passes = fake.accept = lambda i: tasks[i]["st"].data_source == "torch#1" or i % 5 == 0
+    fake.before_verifier = lambda i: before_verifier
+    runs = _miss_runs(tasks, passes, "torch#2", until=5)
+    give_up = max(runs)
+    assert len(runs) == 5 and give_up >= 2, runs  # the premise: torch#2 fills in this window, one run reaches give_up
+    summary = driver_tests._run_with_deadline(_cfg(tmp_path / "ds", mixture_give_up=give_up))
+    sources = _sources(tmp_path / "ds")
+    if before_verifier:
+        assert summary["mixture_quota"]["given_up"] == [] and sources == {"torch#1": 5, "torch#2": 5}, summary
+    else:
+        assert summary["mixture_quota"]["given_up"] == ["torch#2"] and sources["torch#2"] < 5, summary
+    assert summary["mixture_quota"]["pre_verifier_miss"] == PRE_VERIFIER_MISS
+
+
+def test_misses_before_the_verifier_add_up_to_a_give_up_exactly_and_survive_a_resume():
+    q = MixtureQuota(100, {"a": 0.5, "b": 0.5}, give_up=2)
+    for _ in range(19):
+        assert q.note("a", accepted=False, miss=PRE_VERIFIER_MISS) is False
+    resumed = MixtureQuota(100, {"a": 0.5, "b": 0.5}, give_up=2, **json.loads(json.dumps(q.to_state())))
+    assert resumed.misses["a"] == pytest.approx(1.9) and not resumed.given_up
+    assert resumed.note("a", accepted=False, miss=PRE_VERIFIER_MISS) is True  # the 20th tenth: exactly 2
+    assert resumed.given_up == ["a"]
+    q.note("b", accepted=False, miss=PRE_VERIFIER_MISS)
+    q.note("b", accepted=True)
+    assert q.misses["b"] == 0  # a pass ends the run, as before
 
 
 def test_with_give_up_off_a_dead_slot_stops_the_run_at_max_candidates_naming_it(tmp_path, tasks, fake, caplog):
