@@ -55,7 +55,7 @@ def test_the_card_and_report_show_the_mixture_quotas_and_their_rejections(tmp_pa
         w.write([make_row(i) for i in range(12)])  # 4 rows each of torch#1..3
         w.finalize()
     quota = {"quotas": {"torch#1": 4, "torch#2": 4, "torch#3": 4}, "rows": {"torch#1": 4, "torch#2": 4, "torch#3": 4},
-             "given_up": ["torch#4"], "give_up_after": 200, "reason": "mixture_slot_full"}
+             "given_up": ["torch#4"], "give_up_after": 200, "pre_verifier_miss": 0.1, "reason": "mixture_slot_full"}
     target = {"torch#1": 0.33, "torch#2": 0.33, "torch#3": 0.33, "torch#4": 0.01}
     s = RunStats(device="cpu", config={"verify": dataclasses.asdict(VerifyConfig())}, target_mixture=target,
                  mixture_quota=quota)
@@ -67,6 +67,7 @@ def test_the_card_and_report_show_the_mixture_quotas_and_their_rejections(tmp_pa
     assert "| mixture quota |" in body and "(`mixture_slot_full` otherwise) | exact |" in body
     assert "| `mixture_slot_full` | 7 |" in body
     assert "Given up, after 200 of their candidates in a row were rejected" in body and "`torch#4`" in body
+    assert "one rejected before verification, at sampling, sizing or the KernelBench check, counted 0.1 of one" in body
     report = write_report(tmp_path / "ds", s)
     assert report["rows"]["mixture"]["torch#1"]["quota"] == 4
 
