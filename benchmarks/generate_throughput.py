@@ -228,7 +228,8 @@ def window_child(spec: dict) -> int:
             d.update(accepted=acc, candidates=cands, acceptance_rate=summary.get("acceptance_rate"),
                      accepted_per_min=round(60 * acc / wall, 2), candidates_per_min=round(60 * cands / wall, 2),
                      rejected=summary.get("rejected"), calib_steps_mean=summary.get("calib_steps_mean"),
-                     device=summary.get("device"), run_wall_time_s=summary.get("wall_time_s"))
+                     device=summary.get("device"), run_wall_time_s=summary.get("wall_time_s"),
+                     compile_deferrals=summary.get("compile_deferrals") or {})
             ss = summary.get("stage_seconds") or {}
             d["stage_seconds"] = {k: round(v, 2) for k, v in sorted(ss.items(), key=lambda kv: -kv[1])}
             d["stage_seconds_per_accepted"] = {k: round(v / acc, 4) for k, v in d["stage_seconds"].items()} if acc else {}
@@ -657,6 +658,8 @@ def _print_window(label: str, w: dict) -> None:
           f"(first result at {w.get('first_result_s')} s; teardown {w.get('teardown_s')} s)")
     print(f"   accepted/min {w.get('accepted_per_min')}   candidates/min {w.get('candidates_per_min')}   "
           f"acceptance {w.get('acceptance_rate')}   verified/min after the first result {w.get('verified_per_min_steady')}")
+    if w.get("compile_deferrals"):  # compiles deferred to an earlier in-flight candidate's forward, and re-runs
+        print(f"   compile deferrals (opsynth.generate.inflight): {w['compile_deferrals']}")
     print(f"   device busy (worker records) {w.get('gpu_busy_fraction')}   GPU util sampled {w.get('gpu_util_sampled_mean')}   "
           f"CPU {w.get('cpu_utilisation')} of {w.get('cpu_count')} cores   calibration steps/task {w.get('calib_steps_mean')}")
     for p in (w.get("busiest_processes") or [])[:4]:
@@ -732,7 +735,7 @@ def main(argv=None) -> int:
             for k in ("accepted_per_min", "candidates_per_min", "acceptance_rate", "gpu_busy_fraction",
                       "gpu_util_sampled_mean", "cpu_utilisation", "stage_seconds", "stage_seconds_per_accepted",
                       "verified_per_min_steady", "calib_steps_mean", "startup_s", "sustained_s",
-                      "accepted_per_min_sustained", "device_busy_sustained", "floors", "timing"):
+                      "accepted_per_min_sustained", "device_busy_sustained", "floors", "timing", "compile_deferrals"):
                 result[k] = first.get(k)
         if a.device == "cuda":
             for g in gpus:

@@ -4,8 +4,9 @@ Each stage is one function over a `Candidate` record: `sample` (the op graph fro
 seed), `size` (its batch size from the cost model, never a clock), `render` (the task source),
 `check_kernelbench` (decontamination: milliseconds, so before the seconds of verification),
 `verify` (eager, compile, determinism, the runtime band; torch.compile is skipped for a candidate
-whose traced forward is already among the committed rows' signatures it was sent with: the committer
-rejects it as a semantic duplicate whatever the compile says) and `make_row` (the shard row, a
+whose traced forward is already among the committed rows' signatures it was sent with, or was claimed
+first by an earlier candidate in flight: the committer decides semantic duplicates whatever the
+compile says) and `make_row` (the shard row, a
 `TaskRow` whose fields are exactly `opsynth.shards.schema.COLUMNS`). A stage returns False when it
 rejected the candidate (the record then carries a named reason); `process_candidate` only runs
 them in order. The heavy objects (catalog, verify pool, KernelBench index) are built once per
@@ -91,6 +92,8 @@ class Candidate:
     graph: Any = None  # the sized OpGraph
     verified: Any = None  # opsynth.verify.VerifyResult
     committed: frozenset | None = None  # trace signatures of rows committed before this candidate was sent
+    claims: Any = None  # the run's in-flight claims actor (`opsynth.generate.inflight`), None: compile regardless
+    deferred_to: int | None = None  # the earlier in-flight candidate whose forward this one's matched
     gpu: int | None = None
 
     def reject(self, reason: str, evidence: Any) -> bool:
@@ -104,6 +107,8 @@ class Candidate:
                                "verifier_ran": self.verified is not None}  # False: decided before the GPU (quota.py)
         if self.verified is not None and self.verified.signature:  # the eager checks passed: the committer's
             rec["trace_signature"] = self.verified.signature  # semantic-duplicate test comes before compile's verdict
+        if self.deferred_to is not None:  # not compiled: the driver re-sends it unless a committed row has its forward
+            rec["deferred_to"] = self.deferred_to
         if self.predicted_ms is not None:
             rec["predicted_ms"] = self.predicted_ms
         if self.verified is not None:
@@ -186,16 +191,30 @@ def check_kernelbench(ctx: dict, cand: Candidate) -> bool:
 def verify(ctx: dict, cand: Candidate) -> bool:
     """The verifier's checks and timing in its sandboxed pool (the verifier names its stages). A
     candidate whose traced forward matches a committed row's stops before torch.compile: the
-    committer decides semantic duplicates before compile's verdict, so compiling it changes nothing."""
+    committer decides semantic duplicates before compile's verdict, so compiling it changes nothing.
+    So does one whose forward an earlier in-flight candidate claimed first (`deferred_to`: the
+    driver re-sends it if that forward has no committed row when its turn comes)."""
     from opsynth.dedup.semantic import REASON as SEMANTIC
+    from opsynth.generate.inflight import earlier_claim
 
     known = cand.committed
-    go = (lambda facts: facts.get("signature") not in known) if known else None
-    res = ctx["pool"].verify(cand.source, go_compile=go, reserve_mb=cand.reserve_mb)
+
+    def go(facts: dict) -> bool:
+        sig = facts.get("signature")
+        if known and sig in known:
+            return False
+        cand.deferred_to = earlier_claim(cand.claims, sig, cand.index)
+        return cand.deferred_to is None
+
+    res = ctx["pool"].verify(cand.source, go_compile=go if known or cand.claims is not None else None,
+                             reserve_mb=cand.reserve_mb)
     cand.stage_s.update(res.stage_s)
     cand.verified, cand.gpu = res, ctx.get("gpu")
     if res.reason == "compile_skipped":
-        return cand.reject(SEMANTIC, {"stage": "before_compile", "trace_signature": res.signature})
+        evidence = {"stage": "before_compile", "trace_signature": res.signature}
+        if cand.deferred_to is not None:
+            evidence["deferred_to"] = cand.deferred_to
+        return cand.reject(SEMANTIC, evidence)
     if not res.accepted:
         return cand.reject(res.reason, _short(res.evidence))
     return True
@@ -249,14 +268,16 @@ def prepare(ctx: dict, cand: Candidate) -> bool:
 
 def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict,
                       kb_check: bool = True, committed: frozenset | None = None,
-                      prepare_processes: int | None = None) -> dict:
+                      prepare_processes: int | None = None, claims: Any = None) -> dict:
     """Sample, render, check against KernelBench and verify one candidate. Never raises for a bad
     candidate: every outcome is a record with `accepted` and, when rejected, a named `reason`.
     committed: trace signatures of rows committed before this candidate (any subset of them is
     sound: the committer's index only grows); a match skips torch.compile.
     prepare_processes: processes of this worker that run the stages before verification
-    (`opsynth.generate.prepare`; None: its default for the device, 0: these threads run them)."""
-    cand = Candidate(index=index, seed=seed, committed=committed)
+    (`opsynth.generate.prepare`; None: its default for the device, 0: these threads run them).
+    claims: the run's in-flight claims (`opsynth.generate.inflight`); a forward an earlier candidate
+    claimed first skips torch.compile and the record says `deferred_to` (None: no deferring)."""
+    cand = Candidate(index=index, seed=seed, committed=committed, claims=claims)
     with _timed(cand, "worker_start"):  # the first candidate of a process starts its verify pool
         ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check, prepare_processes)
     pool, preparers = ctx["pool"], ctx.get("prep")

@@ -23,7 +23,10 @@ Semantic duplicates are decided before compile's verdict: a candidate that passe
 and whose traced forward matches a committed row is a `semantic_duplicate`, whatever torch.compile
 said of it. So each candidate is sent with the signatures committed so far (`_CommittedFeed`), and a
 worker skips the compile of a match: which rows are accepted, and every reason, stay the same
-whether or not the worker knew (the index only grows; see test_pipeline_compile_skip.py).
+whether or not the worker knew (the index only grows; see test_pipeline_compile_skip.py). A worker
+also defers the compile of a forward an earlier in-flight candidate claimed first
+(`opsynth.generate.inflight`); when such a candidate's turn comes and no committed row has its
+forward, the driver sends it again without claims and waits for it (`_Committer.needs_rerun`).
 """
 
 from __future__ import annotations
@@ -220,6 +223,16 @@ class _Committer:
         self.writer.write(row)
         self._count_accepted(rec, row)
 
+    def needs_rerun(self, rec: dict) -> bool:
+        """A candidate that skipped its compile because an earlier in-flight one had its forward
+        (`opsynth.generate.inflight`), and whose turn came with no committed row of that forward and
+        a slot with room: only running it to the end decides it."""
+        if rec.get("deferred_to") is None:
+            return False
+        if self.quota is not None and self.quota.full(self.plan.values(rec["seed"])) is not None:
+            return False  # mixture_slot_full whatever it would have said
+        return self.semantic.find(rec.get("trace_signature")) is None
+
     def summarise_cost_model(self) -> None:
         """Measured eager time over the cost model's prediction, over the accepted rows."""
         import statistics
@@ -272,6 +285,23 @@ class _CommittedFeed:
         if self.on and n and n - self.size >= max(1, self.size // 16):
             self.snapshot, self.size = self.index.signatures(), n
         return self.snapshot
+
+
+def _start_claims(client, key: str):
+    """The run's in-flight claims actor (`opsynth.generate.inflight`): (its future, which keeps it
+    alive, and the `ClaimsRef` candidates are sent with), or (None, None) when it could not be started
+    (candidates then compile as before: time, never rows)."""
+    from opsynth.generate.inflight import ClaimsRef, InflightTraces
+
+    try:
+        future = client.submit(InflightTraces, actor=True, key=key, pure=False)
+        future.result(timeout=60)
+        (address,) = client.who_has(future)[future.key]
+        return future, ClaimsRef(address=address, key=future.key)
+    except Exception as e:  # noqa: BLE001 - named once; the run goes on without deferring
+        log.warning("the in-flight claims actor did not start (%s: %s): candidates with a forward in flight compile "
+                    "it again", type(e).__name__, e)
+        return None, None
 
 
 def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
@@ -450,6 +480,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
     flushed_at = writer.num_rows
     ac = as_completed()
     feed = _CommittedFeed(committer.semantic, on=cfg.skip_duplicate_compiles)
+    claims = claims_actor = None  # the in-flight claims actor and where it is, once a worker is up (below)
 
     def target_in_flight() -> int:
         remaining = max(cfg.n_tasks - committer.rows, 1)
@@ -459,10 +490,10 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         need = math.ceil(remaining / rate * 1.2) - len(done)
         return max(1, min(max_in_flight, max(need, handle.slots)))
 
-    def submit(i: int) -> None:
+    def submit(i: int, rerun: bool = False) -> None:
         f = client.submit(process_candidate, i, candidate_seed(cfg.seed, i), sampler_cfg, verify_cfg,
                           dedup_cfg, cfg.kb_check, committed=feed.current(), prepare_processes=cfg.prepare_processes,
-                          key=f"candidate-{cfg.seed}-{i}",
+                          claims=None if rerun else claims, key=f"candidate-{cfg.seed}-{i}{'-rerun' if rerun else ''}",
                           pure=False, **submit_kw)
         inflight[i] = f
         ac.add(f)
@@ -507,6 +538,12 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                 rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": SLOT_FULL,
                        "row": None, "evidence": {"axis": axis, "value": value, "skipped": True}}
             elif i in done:
+                if committer.needs_rerun(done[i]):
+                    # Deferred to an earlier candidate that left no row of its forward: run it to the end.
+                    stats.compile_deferrals["rerun"] = stats.compile_deferrals.get("rerun", 0) + 1
+                    del done[i]
+                    submit(i, rerun=True)
+                    break
                 rec = done.pop(i)
             else:
                 break
@@ -533,6 +570,8 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
             committer.use_plan(plan.result())
         except Exception as e:  # noqa: BLE001 - named in one line; the run cannot decide quotas without it
             raise RuntimeError(f"the sampler's slot plan could not be built on a worker: {type(e).__name__}: {e}") from e
+        if cfg.skip_duplicate_compiles:  # a worker is up (it built the plan): the claims actor goes on one
+            claims_actor, claims = _start_claims(client, f"inflight-{cfg.seed}-{committer.next_index}")
         top_up()
         drain()
         while (committer.wants_more(cfg.n_tasks) and (inflight or committer.next_index < next_submit)
@@ -550,6 +589,8 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
                     rec = {"index": i, "seed": candidate_seed(cfg.seed, i), "accepted": False, "reason": reason,
                            "evidence": str(e)[:500]}
                 done[i] = rec
+                if rec.get("deferred_to") is not None:
+                    stats.compile_deferrals["deferred"] = stats.compile_deferrals.get("deferred", 0) + 1
                 for k, v in (rec.get("stage_s") or {}).items():
                     stats.stage_seconds[k] = stats.stage_seconds.get(k, 0.0) + v
                 if on_result is not None:
@@ -572,6 +613,8 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         pending = list(inflight.values()) + ([] if peaks.done() else [peaks])
         if pending:
             client.cancel(pending, force=True)
+        if claims_actor is not None:
+            claims_actor.release()
         save()
         handle.close()
 

@@ -72,6 +72,10 @@ class RunStats:
     # the rejection's name, and, when the precision or pass mixture has more than one value, "axes":
     # {"dtype" or "task_pass": {"quotas", "rows", "given_up"}}}; {} when off.
     mixture_quota: dict[str, Any] = field(default_factory=dict)
+    # Candidates that skipped their compile because an earlier in-flight one had their forward
+    # (`opsynth.generate.inflight`): {"deferred": results that came back so, "rerun": those sent again
+    # because no committed row had that forward}; {} when none.
+    compile_deferrals: dict[str, int] = field(default_factory=dict)
 
     def accept(self, n: int = 1) -> None:
         self.accepted += n

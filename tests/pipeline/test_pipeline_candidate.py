@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -193,6 +194,43 @@ def test_a_candidate_whose_forward_is_committed_skips_its_compile(cfgs, accepted
     assert other["compile_split"]["dynamo_s"] > 0  # a later compile in the same worker is counted too
     assert {k: v for k, v in other["row"].items() if k not in measured} == \
         {k: v for k, v in accepted["row"].items() if k not in measured}
+
+
+class _Claims:
+    """The claims actor's proxy, in this process: `claim(...)` gives what `.result(timeout)` reads."""
+
+    def __init__(self, broken: bool = False):
+        from opsynth.generate.inflight import InflightTraces
+
+        self.traces, self.broken, self.asked = InflightTraces(), broken, []
+
+    def claim(self, signature, index):
+        self.asked.append((signature, index))
+        if self.broken:
+            raise ConnectionError("the actor's worker is gone")
+        first = self.traces.claim(signature, index)
+        return SimpleNamespace(result=lambda timeout=None: first)
+
+
+def test_a_candidate_whose_forward_an_earlier_one_claimed_defers_its_compile(cfgs, accepted):
+    """Issue 29: an earlier candidate in flight claimed this forward first: stop after the eager checks,
+    before torch.compile, with `deferred_to` naming it (the driver re-sends this one if that forward
+    leaves no committed row). The first claimant, and any candidate when the claims do not answer,
+    compile as before."""
+    sampler, verify, dedup = cfgs
+    sig = accepted["row"]["trace_signature"]
+    claims = _Claims()
+    claims.traces.claim(sig, 3)  # candidate 3 got there first
+    rec = candidate.process_candidate(7, SEED, sampler, verify, dedup, True, claims=claims)
+    assert (rec["accepted"], rec["reason"], rec["deferred_to"]) == (False, "semantic_duplicate", 3), rec
+    assert rec["trace_signature"] == sig and rec["evidence"]["deferred_to"] == 3
+    assert rec["compiles"] == 0 and rec["stage_s"]["compile"] == 0 and rec["stage_s"]["eager_checks"] > 0
+    first = candidate.process_candidate(2, SEED, sampler, verify, dedup, True, claims=claims)
+    assert first["accepted"] and first["compiles"] == 1 and "deferred_to" not in first
+    assert claims.traces.claim(sig, 9) == 2  # the lower index holds the claim from now on
+    lost = _Claims(broken=True)
+    rec = candidate.process_candidate(7, SEED, sampler, verify, dedup, True, claims=lost)
+    assert lost.asked == [(sig, 7)] and rec["accepted"] and rec["compiles"] == 1 and "deferred_to" not in rec
 
 
 def test_a_candidate_prepared_in_a_preparing_process_gives_the_same_row(cfgs, accepted):

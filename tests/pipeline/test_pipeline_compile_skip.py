@@ -13,6 +13,7 @@ import pytest
 import test_pipeline_driver as driver_tests
 
 from opsynth.generate import driver
+from opsynth.generate.inflight import earlier_claim
 from opsynth.shards import read_rows
 
 N = driver_tests.N_CANDIDATES
@@ -29,15 +30,19 @@ def _calls(index: int) -> str:
     return f"calls-{index % 7}"  # seven forwards among the candidates: most are semantic duplicates
 
 
-def install(monkeypatch, tasks, folder):
+def install(monkeypatch, tasks, folder, skip_on: bool = True):
     """The stand-in: later candidates finish first; too_fast for every 6th (no eager facts), a
     compile mismatch for every 5th, else accepted; one line per candidate, 'compile' or 'skip'."""
     driver_tests.install_fake(monkeypatch, tasks, folder)  # the cluster and peaks stand-ins
     log = folder / "compiles.txt"
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):
-        time.sleep(max(0.0, 0.2 - 0.02 * (index % 10)))
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None,
+                claims=None):
         t, sig = tasks[index], _calls(index)
+        # Claimed as the candidate starts (the real one claims after its eager checks): in start order,
+        # so which candidates defer does not hang on these sleeps.
+        first = earlier_claim(claims, sig, index) if index % 6 != 5 else None
+        time.sleep(max(0.0, 0.2 - 0.02 * (index % 10)))
         rec = {"index": index, "seed": seed, "accepted": False, "reason": None, "row": None,
                "signature": t["signature"], "evidence": None, "compiles": 0}
         if index % 6 == 5:
@@ -47,6 +52,13 @@ def install(monkeypatch, tasks, folder):
             with open(log, "a") as f:
                 f.write("skip\n")
             return {**rec, "reason": "semantic_duplicate"}
+        if first is not None:
+            with open(log, "a") as f:
+                f.write("defer\n")
+            return {**rec, "reason": "semantic_duplicate", "deferred_to": first}
+        if claims is None and skip_on:
+            with open(log, "a") as f:
+                f.write("rerun\n")
         with open(log, "a") as f:
             f.write("compile\n")
         rec["compiles"] = 1
@@ -67,19 +79,25 @@ def install(monkeypatch, tasks, folder):
 def _run(tmp_path, monkeypatch, tasks, name: str, skip: bool):
     folder = tmp_path / name
     folder.mkdir()
-    compiles = install(monkeypatch, tasks, folder)
+    compiles = install(monkeypatch, tasks, folder, skip_on=skip)
     cfg = driver_tests._cfg(folder / "ds", 1000, max_candidates=N, skip_duplicate_compiles=skip)
     summary = driver_tests._run_with_deadline(cfg)
-    return [r["task_id"] for r in read_rows(folder / "ds")], summary["rejected"], compiles()
+    return [r["task_id"] for r in read_rows(folder / "ds")], summary["rejected"], compiles(), summary
 
 
 def test_skipping_duplicate_compiles_keeps_rows_and_reasons(tmp_path, monkeypatch, tasks):
-    rows_on, rejected_on, log_on = _run(tmp_path, monkeypatch, tasks, "on", True)
-    rows_off, rejected_off, log_off = _run(tmp_path, monkeypatch, tasks, "off", False)
+    """Skips for committed forwards and deferrals to in-flight ones (re-run when that forward left no
+    row: here the first candidate of one forward fails its compile) change no row and no count."""
+    rows_on, rejected_on, log_on, summary_on = _run(tmp_path, monkeypatch, tasks, "on", True)
+    rows_off, rejected_off, log_off, summary_off = _run(tmp_path, monkeypatch, tasks, "off", False)
     assert rows_on == rows_off and rows_on
     assert rejected_on == rejected_off
     assert "skip" not in log_off and log_on.count("skip") > 0, log_on
-    assert log_on.count("compile") == log_off.count("compile") - log_on.count("skip")
+    defers, reruns = log_on.count("defer"), log_on.count("rerun")
+    assert "defer" not in log_off and defers > 0 and reruns > 0, log_on
+    assert log_on.count("compile") == log_off.count("compile") - log_on.count("skip") - defers + reruns
+    assert summary_on["compile_deferrals"] == {"deferred": defers, "rerun": reruns}
+    assert summary_off["compile_deferrals"] == {}
     # Semantic duplicates first: a duplicate forward whose compile failed counts as one.
     dups_failing_compile = [i for i in range(N) if i % 6 != 5 and i % 5 == 2
                             and any(_calls(j) == _calls(i) and j % 6 != 5 and j % 5 != 2 for j in range(i))]

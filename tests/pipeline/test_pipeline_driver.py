@@ -66,7 +66,7 @@ def install_fake(monkeypatch, tasks, folder):
     fake = SimpleNamespace(accept=_accepts, before_verifier=lambda i: False,
                            calls=lambda: [int(x) for x in log.read_text().split()] if log.exists() else [])
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None, claims=None):
         with open(log, "a") as f:
             f.write(f"{index}\n")
         (folder / "prepare_processes.txt").write_text(repr(prepare_processes))
@@ -229,7 +229,7 @@ def test_a_candidate_that_kills_its_dask_worker_twice_is_rejected_and_the_run_go
     candidate take its Dask worker down anyway, Dask retries it once on a restarted worker and the
     second death is a rejection with reason killed_worker, not a failed run."""
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):  # nested: pickled by value
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None, claims=None):  # nested: pickled by value
         if index == 1:
             os._exit(1)
         return {"index": index, "seed": seed, "accepted": False, "reason": "too_fast", "row": None,
@@ -312,7 +312,7 @@ def test_cluster_scheduler_runs_on_an_existing_dask_cluster_and_leaves_it_runnin
     plain = {i: {k: t[k] for k in ("code", "task_id", "signature", "ops", "graph")} | {
         "data_source": t["st"].data_source, "num_ops": t["st"].num_ops} for i, t in tasks.items()}
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):  # nested: pickled by value
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None, claims=None):  # nested: pickled by value
         import os
 
         with open(log, "a") as f:

@@ -103,7 +103,7 @@ def test_the_launching_machine_does_not_decide_the_scale(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     seen = tmp_path / "scales.txt"
 
-    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None):
+    def process(index, seed, sampler_cfg, verify_cfg, dedup_cfg, kb_check=True, committed=None, prepare_processes=None, claims=None):
         seen.write_text(repr(sampler_cfg["scale"]))
         return {"index": index, "seed": seed, "accepted": False, "reason": "too_fast", "row": None,
                 "signature": None, "evidence": None}

@@ -1,0 +1,44 @@
+"""Issue 29: the in-flight claims (`opsynth.generate.inflight`) that let a candidate defer the compile
+of a forward an earlier candidate in flight traced first. The driver-level guarantee (same rows and
+reasons with deferral on or off, re-runs when the earlier one left no row) is in
+test_pipeline_compile_skip.py; a worker dying with the actor on it is test_pipeline_driver.py's
+killed-worker test."""
+
+from __future__ import annotations
+
+import time
+
+from opsynth.generate.inflight import ClaimsRef, InflightTraces, earlier_claim
+
+
+def test_the_lowest_index_holds_a_claim_whatever_order_they_come_in():
+    t = InflightTraces()
+    assert t.claim("a", 7) == 7  # first: its own
+    assert t.claim("a", 9) == 7  # later: defers to 7
+    assert t.claim("a", 4) == 4  # an earlier candidate that claims late is not deferred...
+    assert t.claim("a", 7) == 4  # ...and holds the claim from then on
+    assert t.claim("b", 9) == 9 and t.size() == 2
+
+
+def test_a_claims_actor_that_is_gone_is_asked_once_and_the_candidate_compiles():
+    gone = ClaimsRef(address="tcp://127.0.0.1:1", key="inflight-gone")  # nothing listens there
+    assert earlier_claim(gone, "sig", 3) is None  # compile, as without claims
+    t0 = time.perf_counter()
+    assert earlier_claim(gone, "sig", 4) is None
+    assert time.perf_counter() - t0 < 0.05  # not asked again in this process
+    assert earlier_claim(None, "sig", 4) is None and earlier_claim(gone, None, 4) is None
+
+
+def test_candidates_on_dask_workers_claim_through_the_actor_by_its_plain_reference():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        actor = client.submit(InflightTraces, actor=True, key="inflight-test", pure=False)
+        actor.result()
+        (address,) = client.who_has(actor)[actor.key]
+        ref = ClaimsRef(address=address, key=actor.key)
+        first = client.submit(earlier_claim, ref, "sig", 2, key="c2", pure=False).result()
+        later = client.submit(earlier_claim, ref, "sig", 5, key="c5", pure=False).result()
+        other = client.submit(earlier_claim, ref, "other", 6, key="c6", pure=False).result()
+        assert (first, later, other) == (None, 2, None)
