@@ -32,8 +32,9 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -70,6 +71,9 @@ class _Reference:
     untimed_rounds_s: float | None = None  # its unclocked rounds (tolerances, the seeds past the main pass), the device shared
     done_at_s: float | None = None  # seconds into its batch when it was ready (the batch's timeline)
     ready_child: bool = False  # it ran in a child forked and started ahead (`ready_children`, role "reference")
+    # Where the reference's seconds go (a user's single evaluation waits for it as for its build):
+    # its child start to exit, the fork server's start before it, and the parent's read of what it wrote
+    phases: dict = field(default_factory=dict)
 
 
 def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
@@ -88,7 +92,27 @@ def _tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
-def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode: str | None = None) -> _Reference:
+def _once_timed(handler, rounds, on_timed, job: dict):
+    """`handler`, which also calls `on_timed(job)` once, as soon as the reference's timed rounds are
+    done (from the channel's thread: it must not block): what waits for them (the baseline children)
+    starts while the reference finishes its untimed rounds and hands its data over, never beside its
+    timed rounds, the candidates' wall-clock yardstick."""
+    fired = threading.Event()
+
+    def handle(req):
+        out = handler(req)
+        if rounds.done and not fired.is_set():
+            fired.set()
+            on_timed(job)
+        return out
+
+    return handle
+
+
+def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode: str | None = None,
+                       on_timed=None) -> _Reference:
+    """The task's reference run (its outputs, data and timed rounds). `on_timed(job)`, when given, is
+    called once the reference's timed rounds are over (`_once_timed`), with the job its seeds are in."""
     from opsynth.reward import baseline_cache
     from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
@@ -141,6 +165,8 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     # The outputs through a channel of this process's (no file: the candidate must never find the answers on disk)
     with (parked.channel if parked is not None else OutputsChannel("opsynth-reference-outputs")) as channel:
         plan_bytes, handler = json.dumps(plan.to_dict()).encode(), session_handler(ref_rounds, None)
+        if on_timed is not None:
+            handler = _once_timed(handler, ref_rounds, on_timed, job)
         if parked is not None:
             res = parked.child.run(job, cfg.reference_timeout_s, stdin_bytes=plan_bytes, build_handler=handler)
         else:
@@ -152,6 +178,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
             return _Reference(False, res.reason if res.reason.startswith("task_") else "task_" + res.reason, res.log, scratch)
         if not ref_rounds.done:
             return _Reference(False, "task_crashed", res.log + f"\n[reward] the reference's timed rounds did not finish: {ref_rounds.error}", scratch)
+        t_read = time.perf_counter()
         try:
             outputs = channel.read()  # the task's code wrote it: the same checks as a candidate's
         except OutputsFileError as e:
@@ -166,8 +193,11 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     data_path = Path(job["data_path"])
     data = data_path.read_bytes()
     data_path.unlink()
+    t_facts = time.perf_counter()
     facts = FactsMemo()
     facts.warm(outputs, tcfg)  # here, while the candidates build: no candidate's judging waits for it
+    phases = {"child_s": round(res.wall_s, 3), "server_wait_s": res.server_wait_s,
+              "read_s": round(t_facts - t_read, 3), "facts_s": round(time.perf_counter() - t_facts, 3)}
     eager_ms, compile_ms = (cached or {}).get("eager_ms"), (cached or {}).get("compile_ms")
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
@@ -179,7 +209,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
                       flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts,
                       rounds_s=res.data.get("rounds_s"), untimed_rounds_s=res.data.get("untimed_rounds_s"),
-                      ready_child=parked is not None)
+                      ready_child=parked is not None, phases=phases)
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -625,17 +655,55 @@ def _build_distinct(batch: _Batch, digest):
         batch.built_at_s[digest] = batch.at()
 
 
-def _reference_task(batch: _Batch, task):
-    """One task's reference run, with a line before and after for progress."""
-    batch.say("[reward] reference: Model outputs and the timed rounds' fingerprints; an eager baseline child")
-    ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1])
-    ref.done_at_s = batch.at()
-    if ref.ok:
-        from opsynth.reward.baselines import TaskBaselines, prestarts_compile
+def _start_baselines(batch: _Batch, task, job: dict):
+    """The task's baselines (`baselines.TaskBaselines`): its eager child, and its compile child when the
+    batch prestarts it. They need only the seeds the parent drew for the reference (`job`)."""
+    from opsynth.reward.baselines import TaskBaselines, prestarts_compile
 
-        ref.baselines = TaskBaselines(task[0], task[1], ref.job, batch.cfg, batch.device)  # starts its eager child now
-        if prestarts_compile(batch.cfg, batch.device, batch.task_count):
-            ref.baselines.prestart_compile()
+    baselines = TaskBaselines(task[0], task[1], job, batch.cfg, batch.device)  # starts its eager child now
+    if prestarts_compile(batch.cfg, batch.device, batch.task_count):
+        baselines.prestart_compile()
+    return baselines
+
+
+def _reference_task(batch: _Batch, task):
+    """One task's reference run, with a line before and after for progress. Its baseline children
+    start as soon as the reference's timed rounds are over (a cold torch.compile took 3.5 s of a
+    warm CLI evaluation's wall when it started only after the reference had handed its data over)."""
+    batch.say("[reward] reference: Model outputs and the timed rounds' fingerprints; an eager baseline child")
+    early: list[Future] = []
+    at: dict = {}
+
+    def start_early(job):
+        fut: Future = Future()
+        early.append(fut)
+        at["baselines_at_s"] = batch.at()
+
+        def start():
+            try:
+                fut.set_result(_start_baselines(batch, task, job))
+            except BaseException as e:  # noqa: BLE001 - raised where it was raised before: from this task's reference
+                fut.set_exception(e)
+
+        threading.Thread(target=start, name="opsynth-baselines-start", daemon=True).start()
+
+    def close_early():
+        if early and early[0].exception() is None:
+            early[0].result().close()
+
+    try:
+        ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1], on_timed=start_early)
+    except BaseException:
+        close_early()
+        raise
+    ref.done_at_s = batch.at()
+    ref.phases.update(at)
+    if not ref.ok:
+        close_early()
+    elif early:
+        ref.baselines = early[0].result()
+    else:  # the timed rounds never reported done (a reference that failed) or none were asked for
+        ref.baselines = _start_baselines(batch, task, ref.job)
     batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (cached eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
     return ref
 
@@ -667,6 +735,7 @@ def _measure_one(batch: _Batch, j, bres):
         eager = ref.baselines.started("eager")
         res.times["ready_reference"] = ref.ready_child
         res.times["ready_eager"] = eager.parked if eager is not None else None
+    res.times.update({f"reference_{k}": v for k, v in ref.phases.items()})
     res.times.update(services_at_s=batch.services_at_s, reference_at_s=ref.done_at_s,
                      build_at_s=batch.build_at_s.get(batch.specs[j].digest()),
                      built_at_s=batch.built_at_s.get(batch.specs[j].digest()), measure_at_s=measure_at, done_at_s=batch.at())

@@ -60,3 +60,33 @@ def test_a_prestarted_compile_child_is_compiled_before_any_candidate_beats_eager
     srv.wait_ready()  # a real torch.compile child, compiled and ready to time
     assert srv.info and srv.error is None
     assert len(srv.block(3)) == 3  # it times: the child a candidate that beats eager will use
+
+
+class _Rounds:
+    done = False
+
+
+def test_the_baselines_start_once_the_references_timed_rounds_are_done_not_before():
+    from opsynth.reward.evaluate import _once_timed
+
+    rounds, calls, job = _Rounds(), [], {"trial_seeds": [1]}
+    handle = _once_timed(lambda req: {"ok": True, "req": req}, rounds, calls.append, job)
+    assert handle("round_start")["req"] == "round_start"  # the inner handler's answer, unchanged
+    assert calls == []  # the timed rounds still run: nothing may start beside them
+    rounds.done = True
+    handle("timing_done")
+    handle("anything after")
+    assert calls == [job]  # once, with the seeds the baselines need
+
+
+@pytest.mark.slow
+def test_a_tasks_baselines_start_before_its_reference_hands_its_data_over(reward_cache, empty_pool):
+    cfg = RewardConfig(device="cpu", cache_dir=reward_cache, static_check=False, cpu_threads=1,
+                       prebuild=False, warmup=3, repeats=10, compile_prestart=True)
+    r = evaluate(CHAIN, WRONG, cfg)
+    assert r.reason.startswith("incorrect"), r.log[-2000:]
+    t = r.times
+    # started from the reference's channel once its timed rounds were over, before it was done
+    assert t["reference_baselines_at_s"] < t["reference_at_s"], t
+    assert t["reference_child_s"] > 0 and t["reference_read_s"] >= 0 and t["reference_facts_s"] >= 0
+    assert len(_pool_for_chain()) == 1  # the compile child those early baselines prestarted
