@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/cli_eval_kb.json"))
     ap.add_argument("--settings", default="true,false", help="light_headers values to run, in order")
     ap.add_argument("--timeout", type=float, default=280)
-    ap.add_argument("--parallel-nvcc", default="false", help="reward.parallel_nvcc values, in order (e.g. true,false: "
+    ap.add_argument("--parallel-nvcc", default="true", help="reward.parallel_nvcc values, in order (e.g. true,false: "
                     "each setting's prime and warm runs in a cache of its own)")
     args = ap.parse_args()
 
