@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -81,15 +82,32 @@ def evaluate(task: Path, cand: Path, cache: Path, light: bool, timeout: float, e
     cmd = [sys.executable, "-m", "pipelines.evaluate", f"task={task}", f"candidate={cand}", "quiet=true",
            f"reward.cache_dir={cache}", f"reward.light_headers={str(light).lower()}", *extra]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
-    wall = time.perf_counter() - t0
+    # stdout read as it comes: when the result line arrives (what a user reads) and when the command has
+    # exited (its children stopped, its scratch removed) are both part of the wall
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    reader.start()
+    lines, result_at = [], None
     try:
-        res = json.loads(p.stdout.strip().splitlines()[-1])
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("{"):
+                result_at = time.perf_counter() - t0
+        p.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    wall = time.perf_counter() - t0
+    reader.join(5)
+    try:
+        res = json.loads("".join(lines).strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        res = {"reason": f"no result (exit {p.returncode})", "stderr": p.stderr[-2000:]}
+        res = {"reason": f"no result (exit {p.returncode})", "stderr": "".join(err)[-2000:]}
     times = res.get("times") or {}
     # every time the result carries (compile_wait_s, the reference's, ...) beside the table's: where the wall goes
-    return {"wall_s": round(wall, 2), "reward": res.get("reward"), "reason": res.get("reason"),
+    return {"wall_s": round(wall, 2), "result_at_s": None if result_at is None else round(result_at, 2),
+            "reward": res.get("reward"), "reason": res.get("reason"),
             **{k: times.get(k) for k in TIMES}, "times": times,
             "builds": (res.get("details") or {}).get("builds")}
 
@@ -132,13 +150,26 @@ def main() -> None:
     # Where the CLI's wall goes: its own start (the command's wall less evaluate()'s), then the batch's
     # timeline (seconds into evaluate(): services up, reference ready, build asked for, build ended,
     # measurement started, done; between "build" and "built" less the build child's own wall: the fork server's start)
-    print(f"\n{'light_headers':<20}{'phase':<7}{'CLI start':>10}{'services':>9}{'reference':>10}{'build':>7}{'built':>7}{'measure':>8}{'done':>7}")
+    # "CLI start": the result line's arrival less evaluate()'s wall; "exit": the command's wall after that line
+    print(f"\n{'light_headers':<20}{'phase':<7}{'CLI start':>10}{'services':>9}{'reference':>10}{'build':>7}{'built':>7}{'measure':>8}"
+          f"{'done':>7}{'exit':>6}")
     for r in out["runs"]:
         t = r.get("times") or {}
-        start = round(r["wall_s"] - t["wall_s"], 2) if t.get("wall_s") is not None else "-"
+        shown = r.get("result_at_s") or r["wall_s"]
+        start = round(shown - t["wall_s"], 2) if t.get("wall_s") is not None else "-"
+        end = round(r["wall_s"] - r["result_at_s"], 2) if r.get("result_at_s") is not None else "-"
         cells = [t.get(k) if t.get(k) is not None else "-"
                  for k in ("services_at_s", "reference_at_s", "build_at_s", "built_at_s", "measure_at_s", "done_at_s")]
-        print(f"{str(r['light_headers']):<20}{r['phase']:<7}{start:>10}{cells[0]:>9}{cells[1]:>10}{cells[2]:>7}{cells[3]:>7}{cells[4]:>8}{cells[5]:>7}")
+        print(f"{str(r['light_headers']):<20}{r['phase']:<7}{start:>10}{cells[0]:>9}{cells[1]:>10}{cells[2]:>7}{cells[3]:>7}{cells[4]:>8}"
+              f"{cells[5]:>7}{end:>6}")
+    # the reference's own phases (evaluate's `reference_*` times): its child, the read of what it wrote, the facts, when
+    # its baseline children started
+    print(f"\n{'phase':<7}{'ref child':>10}{'server wait':>12}{'read':>6}{'facts':>6}{'baselines at':>13}{'compile wait':>13}")
+    for r in out["runs"]:
+        t = r.get("times") or {}
+        cells = [t.get(k) if t.get(k) is not None else "-" for k in ("reference_child_s", "reference_server_wait_s", "reference_read_s",
+                                                                      "reference_facts_s", "reference_baselines_at_s", "compile_wait_s")]
+        print(f"{r['phase']:<7}{cells[0]:>10}{cells[1]:>12}{cells[2]:>6}{cells[3]:>6}{cells[4]:>13}{cells[5]:>13}")
     print(f"wrote {args.out}")
 
 
