@@ -202,6 +202,9 @@ class _Committer:
             else:
                 self.semantic.add(row["task_id"], row["trace_signature"])
         if reason:
+            if values is not None and reason != SLOT_FULL:
+                by = self.stats.rejected_by_slot.setdefault(values[SLOT_AXIS], {})
+                by[reason] = by.get(reason, 0) + 1
             # A candidate rejected before the verifier (the record says; one from a lost worker counts whole).
             miss = PRE_VERIFIER_MISS if rec.get("verifier_ran") is False else 1.0
             gave = (self.quota.note(values, accepted=False, miss=miss) if values is not None and reason != SLOT_FULL
@@ -210,11 +213,13 @@ class _Committer:
                 self.quota_grew = True
                 axis, value = gave
                 q = self.quota.axes[axis]
+                why = self.stats.rejected_by_slot.get(value, {}) if axis == SLOT_AXIS else {}
                 log.warning("mixture %s %s given up after %d committed candidates in a row carrying it were rejected "
                             "(one rejected before the verifier counts %g) (%d/%d rows); its rows go to the other %s: "
-                            "quotas now %s", "slot" if axis == SLOT_AXIS else axis, value, q.give_up, PRE_VERIFIER_MISS,
+                            "quotas now %s%s", "slot" if axis == SLOT_AXIS else axis, value, q.give_up, PRE_VERIFIER_MISS,
                             q.counts[value], q.n_tasks,
-                            "slots" if axis == SLOT_AXIS else f"{axis} values", q.quotas)
+                            "slots" if axis == SLOT_AXIS else f"{axis} values", q.quotas,
+                            f"; its rejections: {dict(sorted(why.items(), key=lambda kv: -kv[1]))}" if why else "")
             self.stats.reject(reason)
             if sum(1 for e in self.examples if e["reason"] == reason) < 3:
                 self.examples.append({"reason": reason, "index": rec["index"], "seed": rec["seed"],
@@ -302,6 +307,18 @@ def _start_claims(client, key: str):
         log.warning("the in-flight claims actor did not start (%s: %s): candidates with a forward in flight compile "
                     "it again", type(e).__name__, e)
         return None, None
+
+
+def _count_inversions(claims_actor, stats) -> None:
+    """Add the claims actor's inversions (`InflightTraces.inversions`) to `compile_deferrals["inverted"]`;
+    an actor that no longer answers adds nothing (a diagnostic, never the run's failure)."""
+    try:
+        n = claims_actor.result(timeout=5).inversions().result(timeout=5)
+    except Exception as e:  # noqa: BLE001
+        log.info("the in-flight claims actor did not say its inversions (%s: %s)", type(e).__name__, e)
+        return
+    if n:
+        stats.compile_deferrals["inverted"] = stats.compile_deferrals.get("inverted", 0) + int(n)
 
 
 def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
@@ -614,6 +631,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         if pending:
             client.cancel(pending, force=True)
         if claims_actor is not None:
+            _count_inversions(claims_actor, stats)
             claims_actor.release()
         save()
         handle.close()

@@ -63,17 +63,26 @@ class InflightTraces:
 
     def __init__(self) -> None:
         self._first: dict[str, int] = {}
+        self._inverted = 0
 
     def claim(self, signature: str, index: int) -> int:
         """Claim `signature` for candidate `index`; returns the lowest index that claimed it so far
         (this one's own index when it is the first, or lower than every earlier claimant)."""
         first = self._first.get(signature)
+        if first is not None and index < first:
+            self._inverted += 1  # a later candidate claimed it first and compiles: this rule cannot spare it
         if first is None or index < first:
             self._first[signature] = first = index
         return first
 
     def size(self) -> int:
         return len(self._first)
+
+    def inversions(self) -> int:
+        """Claims that came from an earlier candidate after a later one had claimed the same forward
+        (both compile, and the later one is then rejected as a `semantic_duplicate`): what in-flight
+        order costs the rule, reported as `compile_deferrals["inverted"]`."""
+        return self._inverted
 
 
 def earlier_claim(claims, signature: str | None, index: int, timeout: float = CLAIM_TIMEOUT_S) -> int | None:

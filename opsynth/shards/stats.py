@@ -76,6 +76,9 @@ class RunStats:
     # (`opsynth.generate.inflight`): {"deferred": results that came back so, "rerun": those sent again
     # because no committed row had that forward}; {} when none.
     compile_deferrals: dict[str, int] = field(default_factory=dict)
+    # With mixture quotas: the rejections of the candidates planned for each slot (data_source -> reason ->
+    # count; those rejected for a full slot are not counted): why a slot fills slowly or was given up.
+    rejected_by_slot: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def accept(self, n: int = 1) -> None:
         self.accepted += n

@@ -18,6 +18,44 @@ def test_the_lowest_index_holds_a_claim_whatever_order_they_come_in():
     assert t.claim("a", 4) == 4  # an earlier candidate that claims late is not deferred...
     assert t.claim("a", 7) == 4  # ...and holds the claim from then on
     assert t.claim("b", 9) == 9 and t.size() == 2
+    assert t.inversions() == 1  # 4 came after 7 had claimed "a": both compile; a late 7 again is not one
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self, timeout=None):
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+class _ActorFuture:
+    """What the driver holds for the actor: its future, whose result is the proxy."""
+
+    def __init__(self, traces):
+        self.traces = traces
+
+    def result(self, timeout=None):
+        return self
+
+    def inversions(self):
+        return _Done(self.traces.inversions() if isinstance(self.traces, InflightTraces) else self.traces)
+
+
+def test_the_runs_inversions_add_to_its_compile_deferrals_and_a_silent_actor_adds_nothing():
+    from opsynth.generate.driver import _count_inversions
+    from opsynth.shards.stats import RunStats
+
+    t = InflightTraces()
+    for sig, i in (("a", 9), ("a", 3), ("b", 5), ("b", 2), ("b", 8)):
+        t.claim(sig, i)
+    stats = RunStats(compile_deferrals={"deferred": 4, "inverted": 1})  # a resumed run's counts
+    _count_inversions(_ActorFuture(t), stats)
+    assert stats.compile_deferrals == {"deferred": 4, "inverted": 3}
+    _count_inversions(_ActorFuture(TimeoutError("gone")), stats)
+    assert stats.compile_deferrals == {"deferred": 4, "inverted": 3}
 
 
 def test_a_claims_actor_that_is_gone_is_asked_once_and_the_candidate_compiles():

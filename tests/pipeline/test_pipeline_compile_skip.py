@@ -96,7 +96,9 @@ def test_skipping_duplicate_compiles_keeps_rows_and_reasons(tmp_path, monkeypatc
     defers, reruns = log_on.count("defer"), log_on.count("rerun")
     assert "defer" not in log_off and defers > 0 and reruns > 0, log_on
     assert log_on.count("compile") == log_off.count("compile") - log_on.count("skip") - defers + reruns
-    assert summary_on["compile_deferrals"] == {"deferred": defers, "rerun": reruns}
+    deferrals = dict(summary_on["compile_deferrals"])
+    inverted = deferrals.pop("inverted", 0)  # in-flight order: how many depends on timing (test_inflight_claims)
+    assert deferrals == {"deferred": defers, "rerun": reruns} and inverted >= 0
     assert summary_off["compile_deferrals"] == {}
     # Semantic duplicates first: a duplicate forward whose compile failed counts as one.
     dups_failing_compile = [i for i in range(N) if i % 6 != 5 and i % 5 == 2

@@ -298,6 +298,10 @@ def test_a_slot_rejected_before_the_verifier_fills_where_one_rejected_by_it_is_g
     else:
         assert summary["mixture_quota"]["given_up"] == ["torch#2"] and sources["torch#2"] < 5, summary
     assert summary["mixture_quota"]["pre_verifier_miss"] == PRE_VERIFIER_MISS
+    # why each slot's candidates were rejected (a slot-full rejection is not the slot's own)
+    by_slot = summary["rejected_by_slot"]
+    assert set(by_slot) == {"torch#2"} and sum(by_slot["torch#2"].values()) >= give_up, by_slot
+    assert "mixture_slot_full" not in by_slot["torch#2"]
 
 
 def test_misses_before_the_verifier_add_up_to_a_give_up_exactly_and_survive_a_resume():
