@@ -367,7 +367,10 @@ PHASES = ("reference_at_s", "built_at_s", "measure_at_s", "done_at_s",  # the ba
           "baseline_quiet_wait_ms", "baseline_disturbed_blocks",  # CUDA: waits for an idle device before baseline blocks
           # the round's stretches outside the call, held to the reference's (rounds.gaps_plausible)
           "before_call_ms", "reference_before_call_ms", "after_call_ms", "reference_after_call_ms", "settle_ms",
-          "reference_settle_ms")  # EvalResult.times keys
+          "reference_settle_ms",
+          # the reference's own phases (evaluate's _Reference.phases): its child, the fork server's start before it,
+          # the parent's read of its data, the facts, when the task's baseline children started
+          "reference_child_s", "reference_server_wait_s", "reference_read_s", "reference_facts_s", "reference_baselines_at_s")  # EvalResult.times keys
 
 
 def _median(values) -> float | None:
