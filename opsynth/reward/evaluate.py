@@ -312,6 +312,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
             out.details = details
             return out
         times["measure_wall_s"] = round(res.wall_s, 3)  # the whole measuring child, start to exit
+        times["child_run_s"] = res.data.get("run_s")  # of it, the job itself (the rest: handing it over, the exit)
         times["build_s"] = res.data.get("build_s")
         times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
         times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)

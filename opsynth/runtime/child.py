@@ -83,6 +83,7 @@ def run_job(module: str, job_path: str, fds: dict[str, int] | None = None) -> No
 
 def child_main(fn, job_path: str | None = None) -> None:
     """Read the job, apply limits, call fn(job) -> dict, write the verdict, exit without teardown."""
+    t0 = time.perf_counter()
     job_path = Path(job_path or sys.argv[1])
     job = json.loads(job_path.read_text())
     apply_limits(job)
@@ -94,6 +95,9 @@ def child_main(fn, job_path: str | None = None) -> None:
 
         traceback.print_exc()
         data = {"reason": "crashed", "error": f"{type(e).__name__}: {e}"[:2000]}
+    if isinstance(data, dict):  # the job's own seconds, for the parent's diagnostics only (the
+        # rest of its wall is the fork and the exit; the child could lie, so nothing is decided on it)
+        data.setdefault("run_s", round(time.perf_counter() - t0, 3))
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, default=str))
     os.replace(tmp, result_path)
