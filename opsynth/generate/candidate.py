@@ -149,13 +149,14 @@ def size(ctx: dict, cand: Candidate) -> bool:
     """Its batch size from the seed and the cost model (`too_fast`, `too_slow`, `mem_cap`, ...),
     within the memory one verifier request may use on this worker's pool (`predicted_oom` when
     no batch size that reaches the target fits: the candidate never reaches the verifier)."""
+    from opsynth.generate.prepare import budget_for
     from opsynth.graph.cost import with_batch
     from opsynth.verify.sizing import choose_batch
 
     with _timed(cand, "sizing"):
         pool = ctx["pool"]
         cand.size = choose_batch(cand.sampled.graph, ctx["catalog"], cand.seed, ctx["verify_cfg"], pool.device,
-                                 budget_mb=pool.task_mem_budget_mb)
+                                 budget_mb=budget_for(pool, cand.data_source))
         if cand.size.reason:
             return cand.reject(cand.size.reason, cand.size.evidence())
         cand.graph = with_batch(cand.sampled.graph, cand.size.batch)
@@ -281,7 +282,7 @@ def process_candidate(index: int, seed: int, sampler_cfg: dict, verify_cfg: dict
     with _timed(cand, "worker_start"):  # the first candidate of a process starts its verify pool
         ctx = _context(sampler_cfg, verify_cfg, dedup_cfg, kb_check, prepare_processes)
     pool, preparers = ctx["pool"], ctx.get("prep")
-    ready = (preparers.prepare(cand, pool.task_mem_budget_mb, lambda: prepare(ctx, cand)) if preparers is not None
+    ready = (preparers.prepare(cand, pool.budgets_mb, lambda: prepare(ctx, cand)) if preparers is not None
              else prepare(ctx, cand))
     if ready:
         for stage in VERIFY_STAGES:

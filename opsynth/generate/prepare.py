@@ -53,11 +53,19 @@ def default_processes(device: str) -> int:
 
 
 class SizingPool:
-    """What the `size` stage reads of the verify pool (its device and the memory one request may use),
-    for a process that sizes without one: a preparing process, a benchmark."""
+    """What the `size` stage reads of the verify pool (its device and the memory one request may use,
+    by source: `WorkerPool.budgets_mb`), for a process that sizes without one: a preparing process, a benchmark."""
 
-    def __init__(self, device: str, budget_mb: float):
+    def __init__(self, device: str, budget_mb: float, budgets_mb: dict[str, float] | None = None):
         self.device, self.task_mem_budget_mb = device, budget_mb
+        self.budgets_mb = {"*": budget_mb, **(budgets_mb or {})}
+
+
+def budget_for(pool, source: str | None) -> float:
+    """The memory one request of a candidate from `source` may use on `pool` (its `budgets_mb`, else
+    the pool's one budget)."""
+    budgets = getattr(pool, "budgets_mb", None) or {}
+    return float(budgets.get(source, pool.task_mem_budget_mb))
 
 
 class _Process:
@@ -127,7 +135,7 @@ class Preparers:
         for i in range(n):
             self._idle.put(i)
 
-    def prepare(self, cand, budget_mb: float, here: Callable[[], bool]) -> bool:
+    def prepare(self, cand, budgets_mb: dict[str, float], here: Callable[[], bool]) -> bool:
         """Run the stages before verification for `cand` in a preparing process and fill its plain
         fields from the answer; on a process that fails, replace it and call `here` (the same stages
         in the asking process) instead. False when a stage rejected the candidate."""
@@ -138,7 +146,7 @@ class Preparers:
         waited = time.perf_counter() - t0
         answer = None
         try:
-            answer = self._ask(i, {"index": cand.index, "seed": cand.seed, "budget_mb": budget_mb})
+            answer = self._ask(i, {"index": cand.index, "seed": cand.seed, "budgets_mb": budgets_mb})
         finally:
             self._idle.put(i)
         if answer is None:  # the process failed (replaced): prepare here, the same way

@@ -45,7 +45,8 @@ def _serve(config: dict[str, Any], req_fd: int, resp_fd: int) -> int:
             return 0
         cand = c.Candidate(index=msg["index"], seed=msg["seed"])
         try:
-            ctx["pool"] = SizingPool(config["device"], msg["budget_mb"])
+            budgets = msg["budgets_mb"]
+            ctx["pool"] = SizingPool(config["device"], budgets["*"], budgets)
             c.prepare(ctx, cand)
             answer = {name: getattr(cand, name) for name in c.PREPARED}
         except Exception:  # noqa: BLE001 - a bug in a stage: the asking thread raises it, as it would in process

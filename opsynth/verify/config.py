@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -32,6 +32,25 @@ class DeviceLimits:
     max_ms: float
     mem_cap_gb: float  # acceptance cap on a task's peak memory (inputs, weights, activations)
     mem_limit_gb: float  # hard per-worker limit; above it the task is stopped ("oom")
+
+
+def _source_splits(value) -> dict[str, int]:
+    """`split_by_source` as {data_source: parts}: from a mapping (YAML, Python), or from "name:N" strings
+    (the command line: Hydra's grammar allows no "#" in a dictionary key, so
+    `verify.split_by_source=['torch#1:4','transformers#1:4']` (quoted) is the form there); None is none."""
+    if value is None:
+        return {}
+    items = None
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(isinstance(x, str) and ":" in x for x in value):
+        items = [tuple(x.rsplit(":", 1)) for x in value]
+        items = [(k.strip(), int(n)) if n.strip().isdigit() else (k, n) for k, n in items]
+    if items is None or any(not isinstance(k, str) or not k or isinstance(v, bool) or not isinstance(v, int) or v < 1
+                            for k, v in items):
+        raise ValueError(f"verify.split_by_source must map data_source names to integers >= 1 ({{torch#1: 4}} in YAML, "
+                         f"['torch#1:4'] on the command line), got {value!r}")
+    return dict(items)
 
 
 @dataclass
@@ -86,6 +105,13 @@ class VerifyConfig:
     # requests never hold more than the device (WorkerPool's memory gate; an `oom` still gets the
     # exclusive retry). Not the default until a GPU window shows what it does to the rate.
     sizing_split: int = 0
+    # Mixture slots (a candidate's data_source, e.g. "torch#1") whose candidates are sized against 1/N of the
+    # device instead of the split above: {"torch#1": 4}. Single operators reach the runtime window only with
+    # large tensors: on an H100 shared by 16 workers 11 % of torch#1 candidates fit a request (4.2 GB), at 1/4
+    # of the card 41 % (benchmarks/sizing_mix.py --slot), and quota runs gave torch#1 up at 16-17 of 34 rows.
+    # Only widens (a split larger than the derived one is ignored); with it the pool's memory gate is on, so a
+    # wide request waits until it fits beside the others'. Sizes stay a function of seed and settings.
+    split_by_source: dict = field(default_factory=dict)
     mem_safety: float = 2.5  # on CPU; opsynth.verify.sizing says what it was measured to cover
     mem_safety_cuda: float = 1.5  # on CUDA (measured request / predicted: max 1.27 on the H200)
 
@@ -183,6 +209,7 @@ class VerifyConfig:
     cpu_cost_kernel_us: float = 1.8
 
     def __post_init__(self) -> None:
+        self.split_by_source = _source_splits(self.split_by_source)
         if isinstance(self.sandbox, bool):  # YAML and Hydra read `sandbox: true` as a bool
             self.sandbox = "true" if self.sandbox else "false"
         if str(self.sandbox).lower() not in SANDBOX_MODES:
@@ -254,11 +281,13 @@ class VerifyConfig:
         """The memory admission's safety factor on `device` (0: admission off)."""
         return self.mem_safety_cuda if device == "cuda" else self.mem_safety
 
-    def task_memory_budget_mb(self, device: str, device_mem_mb: float | None = None, sharers: int = 1) -> float:
+    def task_memory_budget_mb(self, device: str, device_mem_mb: float | None = None, sharers: int = 1,
+                              source: str | None = None) -> float:
         """The memory one verifier request may use (`task_mem_budget_mb`, else derived): on CUDA the
         worker's allocator cap (`mem_limit_gb`, and at most CUDA_USABLE of ``device_mem_mb``) and
         the device's usable memory split between the ``sharers`` (workers on one GPU hold their
-        checks at once; `sizing_split` parts instead when set), less a CUDA context each; on CPU the address-space growth a worker may
+        checks at once; `sizing_split` parts instead when set; for a candidate of a ``source`` in
+        `split_by_source`, that many parts when fewer), less a CUDA context each; on CPU the address-space growth a worker may
         have (`cpu_mem_limit_gb`: its RLIMIT_AS). Without ``device_mem_mb``: the per-worker cap."""
         if self.task_mem_budget_mb > 0:
             return float(self.task_mem_budget_mb)
@@ -267,6 +296,8 @@ class VerifyConfig:
             return per_worker
         usable = CUDA_USABLE * float(device_mem_mb)
         split = self.sizing_split or max(1, int(sharers))
+        wide = self.split_by_source.get(source) if source else None
+        split = min(split, int(wide)) if wide else split
         share = usable / split - CUDA_CONTEXT_MB
         return max(0.0, min(per_worker, usable, share))
 

@@ -279,14 +279,25 @@ def _config_json(cfg: VerifyConfig, device: str) -> str:
 
 class MemoryGate:
     """The device memory that the requests in flight on one GPU have reserved (`VerifyConfig.
-    sizing_split`): a candidate sized against a fixed share of the device, not a 1/n split among its
-    workers, waits here until its predicted request fits beside the others'. One that needs more
-    than the gate holds waits for the gate to be empty. Waiting is counted (`memory_gate` stage)."""
+    sizing_split`, `split_by_source`): a candidate sized against a fixed share of the device, not a
+    1/n split among its workers, waits here until its predicted request fits beside the others'. One
+    that needs more than the gate holds waits for the gate to be empty. Waiting is counted
+    (`memory_gate` stage).
+
+    A request that has waited PRIORITY_AFTER_S goes first: no later request is let in before it, so the
+    requests already in drain and it fits. Without that, a wide request (a single operator sized
+    against a quarter of the card) could wait for as long as smaller ones keep coming."""
+
+    PRIORITY_AFTER_S = 0.5
 
     def __init__(self, capacity_mb: float):
         self.capacity_mb = max(0.0, float(capacity_mb))
         self.used_mb = 0.0
+        self._urgent = 0  # requests waiting longer than PRIORITY_AFTER_S: later ones wait behind them
         self._cond = threading.Condition()
+
+    def _fits(self, mb: float) -> bool:
+        return self.used_mb + mb <= self.capacity_mb or self.used_mb == 0
 
     @contextmanager
     def reserve(self, mb: float):
@@ -294,7 +305,17 @@ class MemoryGate:
         mb = max(0.0, float(mb))
         t0 = time.monotonic()
         with self._cond:
-            self._cond.wait_for(lambda: self.used_mb + mb <= self.capacity_mb or self.used_mb == 0)
+            urgent = False
+            while not (self._fits(mb) and (urgent or self._urgent == 0)):
+                left = self.PRIORITY_AFTER_S - (time.monotonic() - t0)
+                if not urgent and left <= 0:
+                    urgent = True
+                    self._urgent += 1
+                    continue
+                self._cond.wait(None if urgent else left)
+            if urgent:
+                self._urgent -= 1
+                self._cond.notify_all()  # the later ones may go once no one urgent is left
             self.used_mb += mb
         try:
             yield time.monotonic() - t0
@@ -390,7 +411,7 @@ class WorkerPool:
             self._closed = False
             self.close()
             raise
-        if self.device == "cuda" and self.cfg.sizing_split and self.device_mem_mb:
+        if self.device == "cuda" and (self.cfg.sizing_split or self.cfg.split_by_source) and self.device_mem_mb:
             devices = self.cfg.cuda_devices or [0]
             usable = CUDA_USABLE * float(self.device_mem_mb) - self.sharers * CUDA_CONTEXT_MB
             self._gates = {d: MemoryGate(usable) for d in range(len(devices))}
@@ -461,6 +482,15 @@ class WorkerPool:
         """The memory one request may use here (`VerifyConfig.task_memory_budget_mb`): what sizing
         admits candidates against (opsynth.verify.sizing), so none is sent that cannot fit."""
         return self.cfg.task_memory_budget_mb(self.device, self.device_mem_mb, self.sharers)
+
+    @property
+    def budgets_mb(self) -> dict[str, float]:
+        """The request budget of each source in `split_by_source` (wider than `task_mem_budget_mb`),
+        and `task_mem_budget_mb` under "*": what sizing admits each candidate against (`budget_for`)."""
+        out = {"*": self.task_mem_budget_mb}
+        for source in self.cfg.split_by_source:
+            out[source] = self.cfg.task_memory_budget_mb(self.device, self.device_mem_mb, self.sharers, source)
+        return out
 
     def alive(self) -> int:
         """How many worker processes are running now (a health check for callers and tests)."""

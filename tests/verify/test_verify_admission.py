@@ -206,3 +206,48 @@ def test_the_request_model_against_measured_peaks_on_cpu(catalog):
     print("measured / predicted request peak:", [round(r, 2) for r in ratios])
     assert all(0.5 <= r <= cfg.mem_safety for r in ratios), ratios
     assert 0.7 <= statistics.median(ratios) <= 1.5, ratios
+
+
+@pytest.mark.parametrize("priority", [True, False])
+def test_a_wide_request_is_not_starved_by_smaller_ones_that_keep_coming(monkeypatch, priority):
+    """Three small requests always in flight (30 of 100 each, a fourth waiting to replace each one that
+    ends) leave no room for a wide one (80): with priority after waiting it gets in once they drain;
+    without it (the control), it waits for as long as they keep coming."""
+    import threading
+    import time
+
+    from opsynth.verify.pool import MemoryGate
+
+    if not priority:
+        monkeypatch.setattr(MemoryGate, "PRIORITY_AFTER_S", 1e6)
+    gate, stop = MemoryGate(100.0), threading.Event()
+
+    def small():
+        while not stop.is_set():
+            with gate.reserve(30):
+                time.sleep(0.02)
+
+    smalls = [threading.Thread(target=small, daemon=True) for _ in range(4)]
+    for t in smalls:
+        t.start()
+    time.sleep(0.1)
+    box = {}
+
+    def wide():
+        with gate.reserve(80) as waited:
+            box["waited"] = waited
+            box["used"] = gate.used_mb
+
+    w = threading.Thread(target=wide, daemon=True)
+    w.start()
+    w.join(2.5)
+    stop.set()
+    w.join(5)
+    for t in smalls:
+        t.join(5)
+    if priority:
+        assert MemoryGate.PRIORITY_AFTER_S <= box["waited"] < 2.0, box
+        assert box["used"] == 80  # alone: the small ones drained and none was let in before it
+    else:
+        assert box["waited"] >= 2.4, box  # it got in only once the small ones stopped
+    assert gate.used_mb == 0
