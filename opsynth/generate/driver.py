@@ -347,6 +347,8 @@ def _record_peaks(future, stats) -> None:
     stats.reference_rates = {"device_kind": got["kind"], **got["reference"]}
     if got.get("task_mem_budget_mb") is not None:  # what sizing admitted candidates against (the card says it)
         stats.thresholds = {**stats.thresholds, "task_mem_budget_mb": got["task_mem_budget_mb"]}
+    if got.get("task_mem_budget_mb_by_source"):  # verify.split_by_source: those slots' wider budgets
+        stats.thresholds = {**stats.thresholds, "task_mem_budget_mb_by_source": got["task_mem_budget_mb_by_source"]}
     m, r = got["measured"], got["reference"]
     # A CPU probe shares the cores with the run's own work (catalog mining on a cold first run, the
     # other workers' checks and compiles), which slows it: seen 0.05 against 0.18 TFLOP/s on a 2-core

@@ -163,6 +163,11 @@ def _checks_section(stats: RunStats) -> list[str]:
                   + (f"{budget:,.0f} MB" if budget else "memory")
                   + " one request may use on the device (its share among the workers on it); `batch_size` stays "
                   "within it, and a candidate whose target needs more is rejected as `predicted_oom` without running.")
+        wide = (stats.thresholds or {}).get("task_mem_budget_mb_by_source") or {}
+        if wide:
+            sizes += (" Candidates of " + ", ".join(f"{src} ({mb:,.0f} MB)" for src, mb in sorted(wide.items()))
+                      + " were sized against a larger share of the device (`verify.split_by_source`), and waited "
+                      "until their request fitted beside the others'.")
     out.append(sizes)
     out += ["", _table(["check", "how", "exact?"], [
         ["runtime band", (f"eager median, timed with {clock}, inside [{lo} x (1 + {m_low}), {hi} x (1 - {m})] ms for the "

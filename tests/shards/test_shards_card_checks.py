@@ -37,6 +37,10 @@ def test_the_card_names_the_sizing_and_which_checks_are_exact(tmp_path, make_row
     assert "inside [1.0 x (1 + 0.2), 100.0 x (1 - 0.1)] ms" in body
     # a CUDA run names the CUDA factor (verify.mem_safety_cuda), not the CPU's
     assert "times 1.5 must fit the 17,261 MB one request may use" in body and "`predicted_oom`" in body
+    assert "split_by_source" not in body  # no slot had a wider budget
+    s.thresholds = {"task_mem_budget_mb": 4224.0, "task_mem_budget_mb_by_source": {"torch#1": 18816.0}}
+    wide = write_card(tmp_path / "ds", s).read_text()
+    assert "Candidates of torch#1 (18,816 MB) were sized against a larger share of the device (`verify.split_by_source`)" in wide
     assert "| finite, not constant | no NaN or Inf; not every element equal to the first | bitwise |" in body
     assert "atol 1e-06, rtol 1e-05 | tolerance (cuDNN algorithms and atomics may reorder sums) |" in body
     for line in ("| runs that built this folder | 2 |", "| rows present when the last run started | 7 |",
