@@ -27,6 +27,8 @@ if [ "$(rows)" -lt "$N" ]; then
   echo "generate exit code $? at ${SECONDS}s"; tail -4 "$OUT/generate.log"
 fi
 have=$(rows); echo "rows in the folder: $have of $N"
+# the mixture so far and why each slot's candidates were rejected (the state file: written by a stopped run too)
+python3 -c "import json; s=json.load(open('$DS/.opsynth-state.json'))['stats']; q=s.get('mixture_quota') or {}; print('slots', json.dumps(q.get('rows')), 'of', json.dumps(q.get('quotas')), 'given up', q.get('given_up')); print('rejected_by_slot', json.dumps(s.get('rejected_by_slot'))); print('compile_deferrals', json.dumps(s.get('compile_deferrals')))" 2>/dev/null
 tar -C $DS --ignore-failed-read -cf "$OUT/gen_rows.tar" data README.md report.json .opsynth-state.json 2>/dev/null
 cp $DS/report.json "$OUT/" 2>/dev/null
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
