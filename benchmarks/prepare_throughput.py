@@ -54,7 +54,7 @@ def main() -> None:
         prep = Preparers(n, sampler, verify, dedup, True, "cuda", c.PREPARED) if n else None
         if prep is not None:  # wait until every process answers (start-up is not what is measured)
             for i in range(n):
-                prep._ask(i, {"index": -1, "seed": 1, "budget_mb": budget})
+                prep._ask(i, {"index": -1, "seed": 1, "budgets_mb": {"*": budget}})
         counter = iter(range(10**9))
         done, lock, stop = [0], threading.Lock(), threading.Event()
 
@@ -62,7 +62,7 @@ def main() -> None:
             while not stop.is_set():
                 k = next(counter)
                 cand = c.Candidate(index=k, seed=9_000_000 + k)
-                prep.prepare(cand, budget, lambda: c.prepare(here, cand)) if prep is not None else c.prepare(here, cand)
+                prep.prepare(cand, {"*": budget}, lambda: c.prepare(here, cand)) if prep is not None else c.prepare(here, cand)
                 with lock:
                     done[0] += 1
                 if args.verify_s:

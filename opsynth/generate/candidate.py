@@ -300,7 +300,7 @@ def measure_peaks(sampler_cfg: dict, verify_cfg: dict, dedup_cfg: dict, kb_check
     return {"kind": pool.device, "measured": pool.measure_peaks(),
             "reference": ctx["verify_cfg"].rates(pool.device).to_dict(),
             "task_mem_budget_mb": round(pool.task_mem_budget_mb, 1),
-            "task_mem_budget_mb_by_source": {k: round(v, 1) for k, v in getattr(pool, "budgets_mb", {}).items() if k != "*"}}
+            "task_mem_budget_mb_by_source": {k: round(v, 1) for k, v in pool.budgets_mb.items() if k != "*"}}
 
 
 def _short(evidence) -> Any:

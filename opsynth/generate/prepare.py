@@ -62,10 +62,8 @@ class SizingPool:
 
 
 def budget_for(pool, source: str | None) -> float:
-    """The memory one request of a candidate from `source` may use on `pool` (its `budgets_mb`, else
-    the pool's one budget)."""
-    budgets = getattr(pool, "budgets_mb", None) or {}
-    return float(budgets.get(source, pool.task_mem_budget_mb))
+    """The memory one request of a candidate from `source` may use on `pool` (its `budgets_mb`)."""
+    return float(pool.budgets_mb.get(source, pool.budgets_mb["*"]))
 
 
 class _Process:

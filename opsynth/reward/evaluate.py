@@ -703,7 +703,7 @@ def _reference_task(batch: _Batch, task):
         close_early()
     elif early:
         ref.baselines = early[0].result()
-    else:  # the timed rounds never reported done (a reference that failed) or none were asked for
+    else:  # not taken in practice: an ok reference reported its rounds done through the handler, which started them
         ref.baselines = _start_baselines(batch, task, ref.job)
     batch.say(f"[reward] reference: {'ok' if ref.ok else ref.reason} (cached eager {ref.eager_ms} ms, compile {ref.compile_ms} ms)")
     return ref

@@ -42,7 +42,7 @@ class CountingPool:
 
     def __init__(self, pool: WorkerPool):
         self.pool, self.calls = pool, 0
-        self.device, self.task_mem_budget_mb = pool.device, pool.task_mem_budget_mb
+        self.device, self.task_mem_budget_mb, self.budgets_mb = pool.device, pool.task_mem_budget_mb, pool.budgets_mb
 
     def verify(self, source: str, go_compile=None, reserve_mb=None):
         self.calls += 1
