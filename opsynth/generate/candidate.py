@@ -191,28 +191,46 @@ def check_kernelbench(ctx: dict, cand: Candidate) -> bool:
 
 def verify(ctx: dict, cand: Candidate) -> bool:
     """The verifier's checks and timing in its sandboxed pool (the verifier names its stages). A
-    candidate whose traced forward matches a committed row's stops before torch.compile: the
-    committer decides semantic duplicates before compile's verdict, so compiling it changes nothing.
-    So does one whose forward an earlier in-flight candidate claimed first (`deferred_to`: the
-    driver re-sends it if that forward has no committed row when its turn comes)."""
+    candidate whose traced forward matches a committed row's stops once its eager checks passed,
+    before its timing and torch.compile: the committer decides semantic duplicates before the
+    verifier's verdict, so timing or compiling it changes nothing. So does one whose forward an
+    earlier in-flight candidate claimed first (`deferred_to`: the driver re-sends it if that forward
+    has no committed row when its turn comes); the claim is asked again before compile, which
+    catches an earlier candidate that claimed while this one was timed. A claimant the verifier
+    then rejects lets its claim go, so later candidates with its forward need not defer to it."""
     from opsynth.dedup.semantic import REASON as SEMANTIC
-    from opsynth.generate.inflight import earlier_claim
+    from opsynth.generate.inflight import earlier_claim, release_claim
+    from opsynth.verify.result import TIMING_SKIPPED
 
     known = cand.committed
+    claimed: list[str] = []  # the signature this candidate holds the claim of
 
-    def go(facts: dict) -> bool:
+    def go_timing(facts: dict) -> bool:
         sig = facts.get("signature")
         if known and sig in known:
             return False
         cand.deferred_to = earlier_claim(cand.claims, sig, cand.index)
+        if cand.deferred_to is None and sig and cand.claims is not None:
+            claimed.append(sig)
         return cand.deferred_to is None
 
-    res = ctx["pool"].verify(cand.source, go_compile=go if known or cand.claims is not None else None,
-                             reserve_mb=cand.reserve_mb)
+    def go_compile(facts: dict) -> bool:  # an earlier candidate may have claimed it since
+        sig = facts.get("signature")
+        if not claimed or sig != claimed[0]:
+            return go_timing(facts)  # not asked before timing (no claims then): ask here, as before
+        cand.deferred_to = earlier_claim(cand.claims, sig, cand.index)
+        return cand.deferred_to is None
+
+    asks = bool(known) or cand.claims is not None
+    res = ctx["pool"].verify(cand.source, go_compile=go_compile if asks else None,
+                             go_timing=go_timing if asks else None, reserve_mb=cand.reserve_mb)
     cand.stage_s.update(res.stage_s)
     cand.verified, cand.gpu = res, ctx.get("gpu")
-    if res.reason == "compile_skipped":
-        evidence = {"stage": "before_compile", "trace_signature": res.signature}
+    if claimed and (not res.accepted or cand.deferred_to is not None):
+        release_claim(cand.claims, claimed[0], cand.index)
+    if res.reason in ("compile_skipped", TIMING_SKIPPED):
+        stage = "before_timing" if res.reason == TIMING_SKIPPED else "before_compile"
+        evidence = {"stage": stage, "trace_signature": res.signature}
         if cand.deferred_to is not None:
             evidence["deferred_to"] = cand.deferred_to
         return cand.reject(SEMANTIC, evidence)

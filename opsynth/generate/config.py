@@ -57,8 +57,8 @@ class GenerateConfig:
     mixture_give_up: int = 200
     # Send each candidate the committed rows' trace signatures, and the run's in-flight claims
     # (`opsynth.generate.inflight`), so a semantic duplicate of a committed row or of an earlier
-    # candidate in flight stops before torch.compile (rows and reasons are the same either way;
-    # false: every candidate compiles).
+    # candidate in flight stops before its timing and torch.compile (rows and reasons are the same
+    # either way; false: every candidate that passes its eager checks is timed and compiles).
     skip_duplicate_compiles: bool = True
     # Processes per Dask worker that sample, size, render and decontaminate candidates before they are
     # verified (`opsynth.generate.prepare`: off the worker's one GIL; rows are the same with any count).

@@ -19,14 +19,16 @@ shard files written; a rerun checks the folder against them first (`opsynth.shar
 a deleted or damaged shard is reported by name and refused, or, with `repair=true`, exactly its
 missing seeds are regenerated.
 
-Semantic duplicates are decided before compile's verdict: a candidate that passed its eager checks
-and whose traced forward matches a committed row is a `semantic_duplicate`, whatever torch.compile
-said of it. So each candidate is sent with the signatures committed so far (`_CommittedFeed`), and a
-worker skips the compile of a match: which rows are accepted, and every reason, stay the same
+Semantic duplicates are decided before the band's and compile's verdicts: a candidate that passed
+its eager checks and whose traced forward matches a committed row is a `semantic_duplicate`,
+whatever its timing or torch.compile said of it. So each candidate is sent with the signatures
+committed so far (`_CommittedFeed`), and a worker stops a match before its timing (the part that
+holds the GPU alone) and its compile: which rows are accepted, and every reason, stay the same
 whether or not the worker knew (the index only grows; see test_pipeline_compile_skip.py). A worker
-also defers the compile of a forward an earlier in-flight candidate claimed first
-(`opsynth.generate.inflight`); when such a candidate's turn comes and no committed row has its
-forward, the driver sends it again without claims and waits for it (`_Committer.needs_rerun`).
+also defers a forward an earlier in-flight candidate claimed first (`opsynth.generate.inflight`;
+asked before the timing and again before the compile); when such a candidate's turn comes and no
+committed row has its forward, the driver sends it again without claims and waits for it
+(`_Committer.needs_rerun`).
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ class _Committer:
             axis, value = full
             reason, rec["evidence"] = SLOT_FULL, {"axis": axis, "value": value, "quota": self.quota.quota(axis, value)}
         elif not rec["accepted"] and self.semantic.find(rec.get("trace_signature")) is not None:
-            # Passed its eager checks, then failed (or skipped) the compile: a semantic duplicate first.
+            # Passed its eager checks, then failed the band or the compile (or skipped them): a semantic duplicate first.
             reason, rec["evidence"] = SEMANTIC, {"duplicate_of": self.semantic.find(rec["trace_signature"]),
                                                  "verifier": rec.get("reason")}
         elif reason == SEMANTIC:
@@ -310,15 +312,18 @@ def _start_claims(client, key: str):
 
 
 def _count_inversions(claims_actor, stats) -> None:
-    """Add the claims actor's inversions (`InflightTraces.inversions`) to `compile_deferrals["inverted"]`;
-    an actor that no longer answers adds nothing (a diagnostic, never the run's failure)."""
+    """Add the claims actor's inversions and released claims (`InflightTraces.inversions`,
+    `.releases`) to `compile_deferrals["inverted"]` and `["released"]`; an actor that no longer
+    answers adds nothing (a diagnostic, never the run's failure)."""
     try:
-        n = claims_actor.result(timeout=5).inversions().result(timeout=5)
+        actor = claims_actor.result(timeout=5)
+        counts = {"inverted": actor.inversions().result(timeout=5), "released": actor.releases().result(timeout=5)}
     except Exception as e:  # noqa: BLE001
         log.info("the in-flight claims actor did not say its inversions (%s: %s)", type(e).__name__, e)
         return
-    if n:
-        stats.compile_deferrals["inverted"] = stats.compile_deferrals.get("inverted", 0) + int(n)
+    for key, n in counts.items():
+        if n:
+            stats.compile_deferrals[key] = stats.compile_deferrals.get(key, 0) + int(n)
 
 
 def _check_counts(out: Path, stats, committer, total_rows: int) -> None:

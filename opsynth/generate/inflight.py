@@ -64,24 +64,39 @@ class InflightTraces:
     def __init__(self) -> None:
         self._first: dict[str, int] = {}
         self._inverted = 0
+        self._released = 0
 
     def claim(self, signature: str, index: int) -> int:
         """Claim `signature` for candidate `index`; returns the lowest index that claimed it so far
         (this one's own index when it is the first, or lower than every earlier claimant)."""
         first = self._first.get(signature)
         if first is not None and index < first:
-            self._inverted += 1  # a later candidate claimed it first and compiles: this rule cannot spare it
+            self._inverted += 1  # a later candidate claimed it first: it defers only if it asks again before compile
         if first is None or index < first:
             self._first[signature] = first = index
         return first
+
+    def release(self, signature: str, index: int) -> bool:
+        """Candidate `index` will leave no row (the verifier rejected it): drop its claim, if it
+        still holds it, so that later candidates with this forward compile instead of deferring to
+        it (those that deferred already are re-sent by the driver)."""
+        if self._first.get(signature) == index:
+            del self._first[signature]
+            self._released += 1
+            return True
+        return False
+
+    def releases(self) -> int:
+        return self._released
 
     def size(self) -> int:
         return len(self._first)
 
     def inversions(self) -> int:
         """Claims that came from an earlier candidate after a later one had claimed the same forward
-        (both compile, and the later one is then rejected as a `semantic_duplicate`): what in-flight
-        order costs the rule, reported as `compile_deferrals["inverted"]`."""
+        (the later one defers when it asks again before compile; past that, both compile and the
+        later one is then rejected as a `semantic_duplicate`): reported as
+        `compile_deferrals["inverted"]`."""
         return self._inverted
 
 
@@ -103,3 +118,16 @@ def earlier_claim(claims, signature: str | None, index: int, timeout: float = CL
         log.info("candidate %d: the in-flight claims did not answer (%s: %s); compiling", index, type(e).__name__, e)
         return None
     return first if first < index else None
+
+
+def release_claim(claims, signature: str | None, index: int, timeout: float = CLAIM_TIMEOUT_S) -> None:
+    """Let candidate `index`'s claim of this forward go (`InflightTraces.release`); a lost actor or a
+    timeout only leaves the claim (later candidates defer and are re-sent, as before)."""
+    if claims is None or not signature:
+        return
+    try:
+        proxy = _proxy(claims)
+        if proxy is not None:
+            proxy.release(signature, index).result(timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - the claim stays; nothing is lost but a compile
+        log.info("candidate %d: could not release its in-flight claim (%s: %s)", index, type(e).__name__, e)

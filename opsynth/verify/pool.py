@@ -28,6 +28,7 @@ folder and the pool's compile caches, has no network and no secrets in its envir
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import shutil
@@ -48,8 +49,10 @@ from opsynth.runtime.device_lock import LOCK_DIR_ENV, PHASES_ENV, device_lock_pa
 from . import protocol
 from .calibrate import draw_target_ms, next_batch_size, read_batch_size, set_batch_size
 from .config import CUDA_CONTEXT_MB, CUDA_USABLE, VerifyConfig
-from .result import ACCEPTED, VerifyResult
+from .result import ACCEPTED, TIMING_SKIPPED, VerifyResult
 from .stages import device_sections, gpu_sections, stage_seconds
+
+log = logging.getLogger("opsynth.verify")
 
 _TAIL_BYTES = 16 * 1024
 
@@ -165,19 +168,35 @@ class WorkerProcess:
                 self._rss_watch.watch(self.proc.pid)
         return self.ready
 
-    def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def request(self, msg: dict[str, Any], timeout: float,
+                on_ask: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         self.clear_tail()
         try:
             protocol.send(self._req_w, msg)
         except (BrokenPipeError, OSError):
             raise self._gone("crashed", "worker pipe closed before the request") from None
-        return self._wait(timeout, watch_memory=True)
+        return self._wait(timeout, watch_memory=True, on_ask=on_ask)
 
-    def _wait(self, timeout: float, watch_memory: bool) -> dict[str, Any]:
+    def _answer(self, msg: dict[str, Any], on_ask) -> None:
+        """A worker's `ask` (an eager request's facts before its timing, `WorkerPool.verify`'s
+        go_timing): the caller's answer, or go on when there is no caller to ask (a caller that
+        fails says go: stopping is an optimisation, never a verdict)."""
+        go = True
+        if on_ask is not None:
+            try:
+                go = bool(on_ask({k: v for k, v in msg.items() if k != "event"}))
+            except Exception as e:  # noqa: BLE001
+                log.info("the go_timing callback failed (%s: %s); timing the task", type(e).__name__, e)
+        try:
+            protocol.send(self._req_w, {"op": "go", "go": go})
+        except (BrokenPipeError, OSError):
+            raise self._gone("crashed", "worker pipe closed before the answer to its ask") from None
+
+    def _wait(self, timeout: float, watch_memory: bool, on_ask=None) -> dict[str, Any]:
         """Wait for a reply. Time the worker reports as paused (waiting for the timing lock,
-        importing the compiler) is not counted; an import pause is itself bounded by
-        startup_timeout_s. Raises WorkerGone (after killing the worker) on death, timeout or
-        memory."""
+        importing the compiler) is not counted, nor the time an `ask` takes to answer; an import
+        pause is itself bounded by startup_timeout_s. Raises WorkerGone (after killing the worker)
+        on death, timeout or memory."""
         since = time.monotonic()
         deadline = since + timeout
         paused_at: float | None = None
@@ -203,6 +222,9 @@ class WorkerProcess:
                     if paused_at is not None:
                         deadline += now - paused_at
                     paused_at = None
+                elif event == "ask":
+                    self._answer(msg, on_ask)
+                    deadline += time.monotonic() - now
                 else:
                     return msg
                 continue
@@ -497,7 +519,8 @@ class WorkerPool:
         return sum(1 for w in self._slots if w is not None and w.proc.poll() is None)
 
     def verify(self, source: str, go_compile: Callable[[dict[str, Any]], bool] | None = None,
-               reserve_mb: float | None = None) -> VerifyResult:
+               reserve_mb: float | None = None,
+               go_timing: Callable[[dict[str, Any]], bool] | None = None) -> VerifyResult:
         """Verify one task; blocks until a worker is free. Never raises because of the task.
 
         reserve_mb: the device memory its requests are predicted to hold (sizing's prediction times
@@ -506,16 +529,22 @@ class WorkerPool:
         go_compile: asked with the eager request's facts (`mode`, `signature`, `calls`, `eager_ms`)
         once the task passed its eager checks and band, before torch.compile; False stops the task
         there (`compile_skipped`, with those facts), so a caller that will reject it anyway (the
-        generate pipeline: a semantic duplicate of a committed row) pays no compile for it."""
+        generate pipeline: a semantic duplicate of a committed row) pays no compile for it.
+
+        go_timing: asked the same way with the eager checks' facts (`mode`, `signature`, `calls`)
+        once the checks passed, before the task's first timing (the part that holds the device to
+        itself), from inside the worker's request; False stops the task there (`timing_skipped`,
+        with those facts): a duplicate the caller can already name costs neither timing nor
+        compile. Asked once per task (calibration's later timings do not ask again)."""
         if self._closed:
             raise RuntimeError("WorkerPool is not started; use it as a context manager")
         index = self._idle.get()
         try:
             gate = self._gates.get(index % max(1, len(self.cfg.cuda_devices or [0]))) if reserve_mb else None
             if gate is None:
-                return self._verify_task(index, source, go_compile)
+                return self._verify_task(index, source, go_compile, go_timing)
             with gate.reserve(reserve_mb) as waited:
-                result = self._verify_task(index, source, go_compile)
+                result = self._verify_task(index, source, go_compile, go_timing)
             result.stage_s["memory_gate"] = waited
             return result
         finally:
@@ -546,7 +575,7 @@ class WorkerPool:
         return [f.result() for f in futures]
 
     # --- one task -------------------------------------------------------------------------------
-    def _request(self, index: int, msg: dict[str, Any]) -> dict[str, Any]:
+    def _request(self, index: int, msg: dict[str, Any], *, on_ask=None) -> dict[str, Any]:
         """Send one request; replace the worker if it is gone or asked to be recycled. An
         out-of-memory reply on CUDA is retried once holding the device lock for the whole
         request, since other workers' allocations may have been the cause."""
@@ -555,7 +584,7 @@ class WorkerPool:
         ready_wait = time.time() - asked  # a replacement worker still starting (stages.py: worker_restart)
         sent = time.monotonic()
         try:
-            reply = w.request(msg, self.cfg.timeout_s)
+            reply = w.request(msg, self.cfg.timeout_s, on_ask)
         except WorkerGone:
             self._replace(index)
             raise
@@ -564,7 +593,7 @@ class WorkerPool:
             self._replace(index)
         if (not reply.get("ok") and reply.get("reason") == "oom" and self.device == "cuda"
                 and not msg.get("exclusive")):
-            retry = self._request(index, {**msg, "exclusive": True})
+            retry = self._request(index, {**msg, "exclusive": True}, on_ask=on_ask)
             for k in ("lock_wait_s", "ready_wait_s", "handle_s", "round_trip_s"):  # the stage accounting keeps both attempts
                 retry[k] = float(retry.get(k) or 0.0) + float(reply.get(k) or 0.0)
             retry["sections"] = [*(reply.get("sections") or []), *(retry.get("sections") or [])]
@@ -584,12 +613,12 @@ class WorkerPool:
                             graphs=sum(int(rep.get("graphs") or 0) for _, rep in replies or ()),
                             compile_split=_summed([rep.get("compile_split") or {} for _, rep in replies or ()]), **kw)
 
-    def _verify_task(self, index: int, source: str, go_compile=None) -> VerifyResult:
+    def _verify_task(self, index: int, source: str, go_compile=None, go_timing=None) -> VerifyResult:
         t0 = time.monotonic()
         first: WorkerGone | None = None
         for attempt in range(2 if self.cfg.retry_crashed else 1):
             try:
-                result = self._run_checks(index, source, t0, go_compile)
+                result = self._run_checks(index, source, t0, go_compile, go_timing)
                 break
             except WorkerGone as gone:
                 if gone.reason == "crashed" and attempt == 0 and self.cfg.retry_crashed:
@@ -615,7 +644,7 @@ class WorkerPool:
                 self._replace(index)
         return result
 
-    def _run_checks(self, index: int, source: str, t0: float, go_compile=None) -> VerifyResult:
+    def _run_checks(self, index: int, source: str, t0: float, go_compile=None, go_timing=None) -> VerifyResult:
         cfg, lim = self.cfg, self.limits
         lo_ms, hi_ms = cfg.accept_window(self.device)
         cap = lim.mem_cap_gb * 2**30
@@ -624,9 +653,19 @@ class WorkerPool:
         replies: list[tuple[str, dict[str, Any]]] = []  # what each request took (stages.stage_seconds)
         facts: dict[str, Any] = {}  # the eager checks' facts, once they passed (also on a compile request's death)
 
+        answered = go_timing is None  # asked once: calibration's later eager requests time without asking
+
+        def on_ask(f: dict[str, Any]) -> bool:
+            nonlocal answered
+            answered = True
+            return go_timing(f)
+
         def ask(op: str, **extra: Any) -> dict[str, Any]:
+            asking = op == "eager" and not answered
             try:
-                rep = self._request(index, {"op": op, "source": src, **extra})
+                msg = {"op": op, "source": src, **extra}
+                rep = (self._request(index, {**msg, "ask": True}, on_ask=on_ask) if asking
+                       else self._request(index, msg))
             except WorkerGone as gone:
                 gone.evidence.update(stage=op, history=history)
                 gone.source, gone.calib_steps, gone.replies = src, steps, replies  # type: ignore[attr-defined]
@@ -644,6 +683,10 @@ class WorkerPool:
         while True:
             rep = ask("eager")
             batch = read_batch_size(src)
+            if not rep["ok"] and rep["reason"] == TIMING_SKIPPED:  # go_timing said stop: its facts, untimed
+                ev = rep["evidence"]
+                return reject(TIMING_SKIPPED, {"stage": "timing", "message": ev.get("message")},
+                              **{k: ev.get(k) for k in ("mode", "signature", "calls")})
             if not rep["ok"]:
                 ev = {"stage": "eager", **rep["evidence"]}
                 peak = rep["evidence"].get("peak_mem_mb")
@@ -654,8 +697,11 @@ class WorkerPool:
                     history.append({"batch_size": batch, "peak_mem_mb": peak, "reason": "mem_cap"})
                     src, steps = set_batch_size(src, new), steps + 1
                     continue
-                return reject(rep["reason"], ev, peak_mem_mb=peak)
+                return reject(rep["reason"], ev, peak_mem_mb=peak, **facts)  # facts: an earlier batch size passed the checks
             eager_ms, peak_mb = rep["eager_ms"], rep["peak_mem_mb"]
+            # The checks passed: the forward's facts go with a band rejection too (the generate committer
+            # decides semantic duplicates before the band's verdict, as go_timing does).
+            facts.update(mode=rep.get("mode"), signature=rep.get("signature"), calls=rep.get("calls"))
             history.append({"batch_size": batch, "eager_ms": eager_ms, "peak_mem_mb": peak_mb,
                             "request_peak_mem_mb": rep.get("request_peak_mem_mb"), "timings": rep.get("timings")})
             if lo_ms <= eager_ms <= hi_ms or not cfg.check_band:
@@ -665,19 +711,19 @@ class WorkerPool:
                   "message": f"eager {eager_ms:.4g} ms outside the acceptance window [{lo_ms:.4g}, {hi_ms:.4g}] ms "
                              f"(band [{lim.min_ms}, {lim.max_ms}] ms less its edge margins)"}
             if not cfg.calibrate:
-                return reject(band, ev, eager_ms=eager_ms, peak_mem_mb=peak_mb)
+                return reject(band, ev, eager_ms=eager_ms, peak_mem_mb=peak_mb, **facts)
             if batch is None:
                 return reject(band, {**ev, "calibration": "no module-level batch_size to rescale"},
-                              eager_ms=eager_ms, peak_mem_mb=peak_mb)
+                              eager_ms=eager_ms, peak_mem_mb=peak_mb, **facts)
             if steps >= cfg.max_calib_steps:
                 return reject(band, {**ev, "calibration": f"still outside after {steps} steps"},
-                              eager_ms=eager_ms, peak_mem_mb=peak_mb)
+                              eager_ms=eager_ms, peak_mem_mb=peak_mb, **facts)
             if target is None:
                 target = draw_target_ms(source, cfg, lim.min_ms, lim.max_ms)
             new = next_batch_size(batch, eager_ms, target, peak_mb * 2**20, cap)
             if new == batch:
                 why = "batch_size is 1" if band == "too_slow" else "the memory cap allows no larger batch_size"
-                return reject(band, {**ev, "calibration": why}, eager_ms=eager_ms, peak_mem_mb=peak_mb)
+                return reject(band, {**ev, "calibration": why}, eager_ms=eager_ms, peak_mem_mb=peak_mb, **facts)
             src, steps = set_batch_size(src, new), steps + 1
 
         evidence: dict[str, Any] = {"history": history, "outputs": rep.get("outputs"),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACCEPTED = "accepted"
+TIMING_SKIPPED = "timing_skipped"  # WorkerPool.verify's go_timing stopped the task before its first timing
 
 # What each reason means; the keys are the only values VerifyResult.reason takes.
 REASONS: dict[str, str] = {
@@ -44,6 +45,8 @@ REASONS: dict[str, str] = {
                      "runtime target: rejected by sizing, before any device work",
     "compile_skipped": "passed the eager checks and band; the caller stopped it before torch.compile (it will "
                        "reject it anyway: WorkerPool.verify's go_compile)",
+    "timing_skipped": "passed the eager checks; the caller stopped it before its first timing (it will reject it "
+                      "anyway: WorkerPool.verify's go_timing)",
     "compile_error": "torch.compile (or running the compiled model) raised",
     "compile_mismatch": "the compiled model's output differs from eager beyond atol/rtol",
     "worker_error": "the verifier itself failed (a bug, not the task's fault)",

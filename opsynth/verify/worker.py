@@ -14,7 +14,10 @@ Replies: ``{"event": "reply", "ok": bool, "reason": ..., "evidence": {...}, "rec
 share_wait_s}, ...}``;
 ``{"event": "pause", "kind": "lock" | "import"}`` and ``{"event": "resume"}`` bracket time the
 worker spends waiting for the shared timing lock or importing the compiler stack, which does not
-count against the task's timeout.
+count against the task's timeout. An eager request with ``"ask": true`` sends
+``{"event": "ask", "mode", "signature", "calls"}`` once its checks passed and reads
+``{"op": "go", "go": bool}`` before it times the task; ``go`` false ends it as ``timing_skipped``
+(the parent's caller can already name it a duplicate).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any, Iterator
 from . import protocol
 from .compile_aside import CompileAside
 from .config import CUDA_USABLE, VerifyConfig
+from .result import TIMING_SKIPPED
 from opsynth.runtime.device_lock import HeldShare
 from opsynth.runtime.timing import cpu_clock, device_lock_path, file_lock, timed_median
 
@@ -142,12 +146,13 @@ class MemoryProbe:
 
 
 class Worker:
-    def __init__(self, cfg: VerifyConfig, resp_fd: int):
+    def __init__(self, cfg: VerifyConfig, resp_fd: int, req_fd: int | None = None):
         import torch
 
         self.torch = torch
         self.cfg = cfg
-        self.resp_fd = resp_fd
+        self.resp_fd, self.req_fd = resp_fd, req_fd
+        self._ask = False  # this request asks the parent before timing (its "ask")
         want = cfg.device
         if want == "auto":
             want = "cuda" if torch.cuda.is_available() else "cpu"
@@ -360,6 +365,9 @@ class Worker:
             with torch.no_grad():
                 call(*args)
 
+        signature, calls = C.kind_signature(trace.signature(), kind), trace.op_names()
+        if self._ask:
+            self._go_timing(mode=mode, signature=signature, calls=calls)
         try:
             eager_ms, n, timings = self._time_eager(run, t_request)
         except BaseException as exc:  # noqa: BLE001
@@ -371,7 +379,20 @@ class Worker:
         request_peak = max(peak, probe.peak_bytes())
         return {"eager_ms": eager_ms, "timed_runs": n, "timings": timings, "clock": clock,
                 "peak_mem_mb": peak / 2**20, "request_peak_mem_mb": request_peak / 2**20, "outputs": spec, "mode": mode,
-                "signature": C.kind_signature(trace.signature(), kind), "calls": trace.op_names()}
+                "signature": signature, "calls": calls}
+
+    def _go_timing(self, **facts: Any) -> None:
+        """Ask the parent whether to time this task (the eager checks passed; `facts` name its
+        forward); raise `timing_skipped` with the facts when it says no."""
+        from . import checks as C
+
+        self._ask = False
+        protocol.send(self.resp_fd, {"event": "ask", **facts})
+        answer = protocol.recv(self.req_fd)
+        if answer.get("op") != "go":
+            raise RuntimeError(f"expected the parent's answer to an ask, got {answer.get('op')!r}")
+        if not answer.get("go", True):
+            raise C.Reject(TIMING_SKIPPED, "the caller stopped it before its first timing", **facts)
 
     def compile(self, source: str, mode: str | None = None) -> dict[str, Any]:
         from opsynth.render.task_file import grad_outputs, parameter_names, set_mode, task_step
@@ -472,6 +493,7 @@ class Worker:
         reply: dict[str, Any]
         self.sections, self.lock_wait_s, self._compiling = [], 0.0, op == "compile"
         self.timed = []
+        self._ask = bool(msg.get("ask")) and self.req_fd is not None
         self._share = None  # memory_share sets it for this request
         started = entered = time.time()
         graphs_before, wait_before = _graphs_compiled(), self._aside.wait_s
@@ -552,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(args.req_fd,), daemon=True).start()
     cfg = VerifyConfig.from_dict(json.loads(args.config))
     try:
-        worker = Worker(cfg, args.resp_fd)
+        worker = Worker(cfg, args.resp_fd, args.req_fd)
     except BaseException as exc:  # noqa: BLE001
         protocol.send(args.resp_fd, {"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
         return 1

@@ -21,6 +21,33 @@ def test_the_lowest_index_holds_a_claim_whatever_order_they_come_in():
     assert t.inversions() == 1  # 4 came after 7 had claimed "a": both compile; a late 7 again is not one
 
 
+def test_a_rejected_claimant_lets_its_claim_go_and_only_its_own():
+    """A claimant the verifier rejected will leave no row: later candidates with its forward should
+    compile, not defer to it (and be re-sent). Another candidate's claim is not touched."""
+    from opsynth.generate.inflight import release_claim
+
+    t = InflightTraces()
+    t.claim("a", 4)
+    assert not t.release("a", 7) and t.claim("a", 9) == 4  # 7 never held it: 4 still does
+    assert t.release("a", 4) and t.claim("a", 9) == 9  # gone: the next one claims it
+    assert t.releases() == 1 and not t.release("zz", 1)
+    release_claim(_Proxy(t), "a", 9)  # through a proxy, as a candidate does
+    assert t.claim("a", 11) == 11 and t.releases() == 2
+    release_claim(_Proxy(ConnectionError("gone")), "a", 11)  # a lost actor: the claim stays, nothing raised
+    release_claim(None, "a", 11)
+    assert t.claim("a", 12) == 11
+
+
+class _Proxy:
+    def __init__(self, traces):
+        self.traces = traces
+
+    def release(self, signature, index):
+        if isinstance(self.traces, Exception):
+            return _Done(self.traces)
+        return _Done(self.traces.release(signature, index))
+
+
 class _Done:
     def __init__(self, value):
         self.value = value
@@ -43,6 +70,9 @@ class _ActorFuture:
     def inversions(self):
         return _Done(self.traces.inversions() if isinstance(self.traces, InflightTraces) else self.traces)
 
+    def releases(self):
+        return _Done(self.traces.releases() if isinstance(self.traces, InflightTraces) else self.traces)
+
 
 def test_the_runs_inversions_add_to_its_compile_deferrals_and_a_silent_actor_adds_nothing():
     from opsynth.generate.driver import _count_inversions
@@ -51,11 +81,12 @@ def test_the_runs_inversions_add_to_its_compile_deferrals_and_a_silent_actor_add
     t = InflightTraces()
     for sig, i in (("a", 9), ("a", 3), ("b", 5), ("b", 2), ("b", 8)):
         t.claim(sig, i)
+    t.release("a", 3)
     stats = RunStats(compile_deferrals={"deferred": 4, "inverted": 1})  # a resumed run's counts
     _count_inversions(_ActorFuture(t), stats)
-    assert stats.compile_deferrals == {"deferred": 4, "inverted": 3}
+    assert stats.compile_deferrals == {"deferred": 4, "inverted": 3, "released": 1}
     _count_inversions(_ActorFuture(TimeoutError("gone")), stats)
-    assert stats.compile_deferrals == {"deferred": 4, "inverted": 3}
+    assert stats.compile_deferrals == {"deferred": 4, "inverted": 3, "released": 1}
 
 
 def test_a_claims_actor_that_is_gone_is_asked_once_and_the_candidate_compiles():

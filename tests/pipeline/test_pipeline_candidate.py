@@ -176,15 +176,18 @@ def test_ast_parse_is_safe_in_candidate_threads():
     assert not errors, errors[:3]
 
 
-def test_a_candidate_whose_forward_is_committed_skips_its_compile(cfgs, accepted):
-    """Issue 29: the committed rows' trace signatures come with the candidate; a match stops after the
-    eager checks, before torch.compile (no compile request, no compile seconds), as a
-    `semantic_duplicate` carrying its signature for the committer. Another signature changes nothing."""
+def test_a_candidate_whose_forward_is_committed_skips_its_timing_and_compile(cfgs, accepted):
+    """Issue 29: the committed rows' trace signatures come with the candidate; a match stops once the
+    eager checks passed, before its first timing (nothing timed: the device is not held for it) and
+    torch.compile (no compile request, no compile seconds), as a `semantic_duplicate` carrying its
+    signature for the committer. Another signature changes nothing."""
     sampler, verify, dedup = cfgs
     sig = accepted["row"]["trace_signature"]
     assert accepted["compiles"] == 1 and accepted["graphs"] >= 1 and accepted["trace_signature"] == sig
+    assert accepted["timed"] and accepted["stage_s"]["timing"] > 0  # what the duplicate is spared
     rec = candidate.process_candidate(0, SEED, sampler, verify, dedup, True, committed=frozenset({sig}))
     assert (rec["accepted"], rec["reason"], rec["trace_signature"]) == (False, "semantic_duplicate", sig), rec
+    assert rec["evidence"]["stage"] == "before_timing" and not rec.get("timed") and rec["stage_s"]["timing"] == 0
     assert rec["compiles"] == 0 and rec["graphs"] == 0 and rec["stage_s"]["compile"] == 0
     assert accepted["compile_split"]["dynamo_s"] > 0 and rec["compile_split"]["dynamo_s"] == 0
     assert rec["stage_s"]["eager_checks"] > 0
@@ -211,6 +214,10 @@ class _Claims:
         first = self.traces.claim(signature, index)
         return SimpleNamespace(result=lambda timeout=None: first)
 
+    def release(self, signature, index):
+        done = self.traces.release(signature, index)
+        return SimpleNamespace(result=lambda timeout=None: done)
+
 
 def test_a_candidate_whose_forward_an_earlier_one_claimed_defers_its_compile(cfgs, accepted):
     """Issue 29: an earlier candidate in flight claimed this forward first: stop after the eager checks,
@@ -224,13 +231,73 @@ def test_a_candidate_whose_forward_an_earlier_one_claimed_defers_its_compile(cfg
     rec = candidate.process_candidate(7, SEED, sampler, verify, dedup, True, claims=claims)
     assert (rec["accepted"], rec["reason"], rec["deferred_to"]) == (False, "semantic_duplicate", 3), rec
     assert rec["trace_signature"] == sig and rec["evidence"]["deferred_to"] == 3
+    assert rec["evidence"]["stage"] == "before_timing" and not rec.get("timed")  # deferred before its timing
     assert rec["compiles"] == 0 and rec["stage_s"]["compile"] == 0 and rec["stage_s"]["eager_checks"] > 0
     first = candidate.process_candidate(2, SEED, sampler, verify, dedup, True, claims=claims)
     assert first["accepted"] and first["compiles"] == 1 and "deferred_to" not in first
     assert claims.traces.claim(sig, 9) == 2  # the lower index holds the claim from now on
     lost = _Claims(broken=True)
     rec = candidate.process_candidate(7, SEED, sampler, verify, dedup, True, claims=lost)
-    assert lost.asked == [(sig, 7)] and rec["accepted"] and rec["compiles"] == 1 and "deferred_to" not in rec
+    assert lost.asked == [(sig, 7), (sig, 7)] and rec["accepted"] and rec["compiles"] == 1 and "deferred_to" not in rec
+
+
+class _LateClaims(_Claims):
+    """Candidate `late` claims while the asking candidate is being timed (between its two asks)."""
+
+    def __init__(self, late: int):
+        super().__init__()
+        self.late = late
+
+    def claim(self, signature, index):
+        if len(self.asked) == 1:
+            self.traces.claim(signature, self.late)
+        return super().claim(signature, index)
+
+
+def test_an_earlier_candidate_that_claims_while_this_one_is_timed_still_spares_its_compile(cfgs, accepted):
+    """Issue 29: with 16 in flight the later of two candidates with one forward often claims first
+    (`compile_deferrals.inverted`). Asked again before torch.compile, it defers to the earlier one
+    then: timed, never compiled. A claimant the verifier rejects lets its claim go."""
+    sampler, verify, dedup = cfgs
+    sig = accepted["row"]["trace_signature"]
+    claims = _LateClaims(late=2)
+    rec = candidate.process_candidate(7, SEED, sampler, verify, dedup, True, claims=claims)
+    assert claims.asked == [(sig, 7), (sig, 7)] and claims.traces.inversions() == 1
+    assert (rec["reason"], rec["deferred_to"], rec["evidence"]["stage"]) == ("semantic_duplicate", 2, "before_compile")
+    assert rec["timed"] and rec["compiles"] == 0 and rec["stage_s"]["compile"] == 0
+    assert claims.traces.claim(sig, 9) == 2 and claims.traces.releases() == 0  # 2's claim is not 7's to drop
+
+
+class _RejectingPool:
+    """A verify pool that asks go_timing with `facts`, then rejects the task for `reason`."""
+
+    def __init__(self, facts: dict, reason: str):
+        self.facts, self.reason = facts, reason
+
+    def verify(self, source, go_compile=None, reserve_mb=None, go_timing=None):
+        from opsynth.verify.result import VerifyResult
+
+        go = go_timing(self.facts)
+        return VerifyResult(accepted=False, reason=self.reason if go else "timing_skipped", source=source,
+                            evidence={"message": "stand-in"}, **self.facts)
+
+
+def test_a_claimant_the_verifier_rejects_lets_its_claim_go():
+    """A claimant that leaves no row (here: too slow after its claim) drops its claim, so a later
+    candidate with that forward times and compiles instead of deferring to it (and being re-sent).
+    One that deferred has no claim to drop."""
+    facts = {"mode": "eval", "signature": "f" * 16, "calls": ["relu"]}
+    claims = _Claims()
+    ctx = {"pool": _RejectingPool(facts, "too_slow")}
+    cand = candidate.Candidate(index=5, seed=SEED, claims=claims)
+    cand.source = "stand-in"
+    assert not candidate.verify(ctx, cand) and cand.reason == "too_slow"
+    assert claims.asked == [(facts["signature"], 5)] and claims.traces.releases() == 1
+    assert claims.traces.claim(facts["signature"], 8) == 8  # 8 is first now: it is not deferred to 5
+    later = candidate.Candidate(index=9, seed=SEED, claims=claims)
+    later.source = "stand-in"
+    assert not candidate.verify(ctx, later) and later.deferred_to == 8 and later.reason == "semantic_duplicate"
+    assert claims.traces.releases() == 1 and claims.traces.claim(facts["signature"], 10) == 8  # 8 still holds it
 
 
 def test_a_candidate_prepared_in_a_preparing_process_gives_the_same_row(cfgs, accepted):

@@ -44,10 +44,10 @@ class CountingPool:
         self.pool, self.calls = pool, 0
         self.device, self.task_mem_budget_mb, self.budgets_mb = pool.device, pool.task_mem_budget_mb, pool.budgets_mb
 
-    def verify(self, source: str, go_compile=None, reserve_mb=None):
+    def verify(self, source: str, go_compile=None, reserve_mb=None, go_timing=None):
         self.calls += 1
         self.reserve_mb = reserve_mb
-        return self.pool.verify(source, go_compile=go_compile, reserve_mb=reserve_mb)
+        return self.pool.verify(source, go_compile=go_compile, reserve_mb=reserve_mb, go_timing=go_timing)
 
 
 def run_stages(catalog, pool, vcfg: VerifyConfig, graph: OpGraph, seed: int = 7) -> C.Candidate:

@@ -106,6 +106,10 @@ def test_each_failure_mode_is_rejected_with_its_reason_and_good_tasks_survive(po
     assert by_name["dropout_training"].evidence["max_abs_diff"] > 0
     assert by_name["compile_mismatch"].evidence["max_abs_diff"] == pytest.approx(1.0, abs=1e-4)
     assert by_name["over_mem_cap"].peak_mem_mb > 1024
+    # Past the checks, a band rejection names the forward (the generate committer decides semantic duplicates
+    # before the band's verdict); a task that failed its checks has no forward to name.
+    assert by_name["too_fast_no_batch"].signature and by_name["too_fast_no_batch"].calls == ["mul", "add"]
+    assert by_name["nan_output"].signature is None
     # The pool is whole again and still verifies.
     assert pool.alive() == CFG.n_workers
     assert pool.restarts >= 4  # segfault twice, timeout, sys.exit
@@ -183,3 +187,35 @@ def test_the_mode_and_call_graph_come_back_with_an_accepted_task(pool):
     assert good.mode == "eval" and bn.mode == "train"  # outputs differ between modes: train, as constructed
     assert good.calls == ["linear", "relu"] and "batch_norm" in bn.calls
     assert respelled.signature == good.signature != bn.signature
+
+
+def test_go_timing_is_asked_once_with_the_checks_facts_and_no_stops_the_task_untimed(pool):
+    """Issue 29 (generate): the caller is asked from inside the eager request, once the checks passed
+    and before anything is timed (the device held alone), with the forward's facts; no ends it as
+    `timing_skipped` with those facts and nothing timed, yes times it as before. A calibrated task
+    is asked once, not at each of its timings; a callback that raises counts as yes."""
+    asked: list[dict] = []
+
+    def no(facts):
+        asked.append(facts)
+        return False
+
+    stopped = pool.verify(GOOD, go_timing=no)
+    assert (stopped.accepted, stopped.reason) == (False, "timing_skipped"), stopped.evidence
+    assert stopped.timed == [] and stopped.eager_ms is None and stopped.compiles == 0
+    assert stopped.evidence["stage"] == "timing" and stopped.stage_s["timing"] == 0
+    assert len(asked) == 1 and asked[0]["calls"] == ["linear", "relu"] and asked[0]["mode"] == "eval"
+    assert stopped.signature == asked[0]["signature"] and stopped.calls == asked[0]["calls"]
+
+    asked.clear()
+    calibrated = pool.verify(TOO_FAST_SCALABLE, go_timing=lambda f: asked.append(f) or True)
+    assert calibrated.accepted and calibrated.calib_steps >= 1, calibrated.evidence
+    assert len(asked) == 1 and len(calibrated.timed) >= 2  # timed at each batch size, asked before the first
+
+    def broken(facts):
+        raise ConnectionError("the caller is gone")
+
+    timed = pool.verify(GOOD, go_timing=broken)
+    assert timed.accepted and timed.timed, (timed.reason, timed.evidence)
+    assert pool.alive() == CFG.n_workers  # the protocol stayed in step: the workers serve the next task
+    assert pool.verify(GOOD).accepted
