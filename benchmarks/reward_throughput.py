@@ -357,7 +357,7 @@ def _summary(res) -> dict:
 
 
 PHASES = ("reference_at_s", "built_at_s", "measure_at_s", "done_at_s",  # the batch timeline (s into it)
-          "prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "locked_s", "trials_s", "profiled_s", "harness_warm_s",
+          "prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "checks_wait_s", "locked_s", "trials_s", "profiled_s", "harness_warm_s",
           "timing_wait_s", "rounds_s", "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s", "intervals_s",
           "baseline_blocks_s", "baseline_calls_s", "baseline_block_overhead_s", "candidate_stop_s",
           "quiet_window_s", "compile_wait_s", "measure_wall_s", "child_run_s", "save_outputs_s", "judge_s", "judge_read_s", "judge_compare_s", "outputs_mb",

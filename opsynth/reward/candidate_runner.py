@@ -640,8 +640,10 @@ def measure(job) -> dict:
             warm_profiler(ctx)
         t_setup = time.perf_counter() - _T_IMPORT
         info["setup_s"] = round(t_setup, 3)
+        t_share = time.perf_counter()
         lock.enter_context(checks_share(ctx.rounds))
         t1 = time.perf_counter()
+        info["checks_wait_s"] = round(t1 - t_share, 3)  # waiting for the checks' share (no timing beside it)
         with torch.no_grad():
             contents, buffers, trial_outs, second_outs = checked_trials(ctx, job, data)
             t_trials = time.perf_counter()

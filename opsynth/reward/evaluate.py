@@ -316,7 +316,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         times["build_s"] = res.data.get("build_s")
         times["setup_s"] = res.data.get("setup_s")  # child start-up to checked calls (outside the device lock)
         times["locked_s"] = res.data.get("locked_s")  # timing, holding the device to itself (the checks share it)
-        for k in ("cuda_init_s", "profiler_init_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
+        for k in ("cuda_init_s", "profiler_init_s", "checks_wait_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
                   "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s",  # parts of rounds_s (the child's clock)
                   "save_outputs_s"):  # writing the outputs into their channel, after the lock
             if res.data.get(k) is not None:
