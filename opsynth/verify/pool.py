@@ -507,11 +507,14 @@ class WorkerPool:
 
     @property
     def budgets_mb(self) -> dict[str, float]:
-        """The request budget of each source in `split_by_source` (wider than `task_mem_budget_mb`),
-        and `task_mem_budget_mb` under "*": what sizing admits each candidate against (`budget_for`)."""
+        """The request budget of each source in `split_by_source` that it widens (none on CPU, or where
+        the workers' own split is already that wide), and `task_mem_budget_mb` under "*": what sizing
+        admits each candidate against (`budget_for`), and what the card names as wider."""
         out = {"*": self.task_mem_budget_mb}
         for source in self.cfg.split_by_source:
-            out[source] = self.cfg.task_memory_budget_mb(self.device, self.device_mem_mb, self.sharers, source)
+            mb = self.cfg.task_memory_budget_mb(self.device, self.device_mem_mb, self.sharers, source)
+            if mb > out["*"]:
+                out[source] = mb
         return out
 
     def alive(self) -> int:

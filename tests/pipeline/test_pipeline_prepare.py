@@ -190,4 +190,17 @@ def test_split_by_source_from_the_command_line():
 
     cfg = generate_config(_compose("verify=cuda", "verify.split_by_source=['torch#1:4','transformers#1:8']"))
     assert cfg.verify.split_by_source == {"torch#1": 4, "transformers#1": 8}
-    assert generate_config(_compose("verify=cuda")).verify.split_by_source == {}
+    # On by default on a GPU for the two single-op slots (quota runs gave them up without it), off with null.
+    default = {"torch#1": 4, "transformers#1": 4}
+    assert generate_config(_compose("verify=cuda")).verify.split_by_source == default
+    assert generate_config(_compose()).verify.split_by_source == default  # verify=auto: used when a GPU is there
+    assert generate_config(_compose("verify=cuda", "verify.split_by_source=null")).verify.split_by_source == {}
+
+
+def test_split_by_source_widens_nothing_on_the_cpu():
+    """The default split names the single-op slots; a CPU worker's budget is its own address space, so
+    no slot gets a wider one (and the card says none did)."""
+    from opsynth.verify import WorkerPool
+
+    pool = WorkerPool(VerifyConfig(device="cpu", n_workers=2, split_by_source={"torch#1": 4}))
+    assert list(pool.budgets_mb) == ["*"]
