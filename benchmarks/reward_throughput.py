@@ -413,7 +413,8 @@ def main() -> None:
     ap.add_argument("--plain-lock-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
                     "the device lock's timings not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again")
     ap.add_argument("--ready-sweep", default="", help="after the GRPO-shaped phase (and its sweep), the same shape again "
-                    "with each of these reward.ready_children counts, e.g. 0,8: measuring children parked ahead, measured")
+                    "with each of these reward.ready_children counts, e.g. 0,8, or 12,4,12 (A/B/A: phase order warms caches): measuring "
+                    "children parked ahead, measured")
     ap.add_argument("--warmup-sweep", default="", help="after the GRPO-shaped phase (and the sweeps above), the same shape "
                     "again with each of these reward.warmup counts, e.g. 5,3: the warm-up rounds each candidate runs inside "
                     "its locked section (10 on cuda by default), measured in the phase's median locked_s and rewards")
@@ -580,8 +581,9 @@ def main() -> None:
         finally:
             os.environ.pop(PHASES_ENV, None)
         phase("group_again", group_pairs(71_000, run_salt + 501_000))
-    for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):
-        phase(f"group_r{n}", group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))
+    for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):  # a repeated count (12,4,12: A/B/A) gets
+        name = f"group_r{n}" if f"group_r{n}" not in out["phases"] else f"group_r{n}_{k}"  # its own phase
+        phase(name, group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))
     # 6. The same shape with fewer warm-up rounds: the locked section is the GRPO-shaped floor (24 x 0.44 s on the
     # H200, 2026-12-06), and the candidate's checked trials have already run its kernels once
     for k, n in enumerate(warmups):
