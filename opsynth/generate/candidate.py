@@ -203,20 +203,21 @@ def verify(ctx: dict, cand: Candidate) -> bool:
     from opsynth.verify.result import TIMING_SKIPPED
 
     known = cand.committed
-    claimed: list[str] = []  # the signature this candidate holds the claim of
+    claimed: str | None = None  # the forward this candidate holds the in-flight claim of
 
     def go_timing(facts: dict) -> bool:
+        nonlocal claimed
         sig = facts.get("signature")
         if known and sig in known:
             return False
         cand.deferred_to = earlier_claim(cand.claims, sig, cand.index)
         if cand.deferred_to is None and sig and cand.claims is not None:
-            claimed.append(sig)
+            claimed = sig
         return cand.deferred_to is None
 
     def go_compile(facts: dict) -> bool:  # an earlier candidate may have claimed it since
         sig = facts.get("signature")
-        if not claimed or sig != claimed[0]:
+        if claimed is None or sig != claimed:
             return go_timing(facts)  # not asked before timing (no claims then): ask here, as before
         cand.deferred_to = earlier_claim(cand.claims, sig, cand.index)
         return cand.deferred_to is None
@@ -226,8 +227,8 @@ def verify(ctx: dict, cand: Candidate) -> bool:
                              go_timing=go_timing if asks else None, reserve_mb=cand.reserve_mb)
     cand.stage_s.update(res.stage_s)
     cand.verified, cand.gpu = res, ctx.get("gpu")
-    if claimed and (not res.accepted or cand.deferred_to is not None):
-        release_claim(cand.claims, claimed[0], cand.index)
+    if claimed is not None and (not res.accepted or cand.deferred_to is not None):
+        release_claim(cand.claims, claimed, cand.index)
     if res.reason in ("compile_skipped", TIMING_SKIPPED):
         stage = "before_timing" if res.reason == TIMING_SKIPPED else "before_compile"
         evidence = {"stage": stage, "trace_signature": res.signature}

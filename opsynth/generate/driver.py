@@ -311,7 +311,7 @@ def _start_claims(client, key: str):
         return None, None
 
 
-def _count_inversions(claims_actor, stats) -> None:
+def _count_claims(claims_actor, stats) -> None:
     """Add the claims actor's inversions and released claims (`InflightTraces.inversions`,
     `.releases`) to `compile_deferrals["inverted"]` and `["released"]`; an actor that no longer
     answers adds nothing (a diagnostic, never the run's failure)."""
@@ -638,7 +638,7 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
         if pending:
             client.cancel(pending, force=True)
         if claims_actor is not None:
-            _count_inversions(claims_actor, stats)
+            _count_claims(claims_actor, stats)
             claims_actor.release()
         save()
         handle.close()

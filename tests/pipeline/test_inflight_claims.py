@@ -75,7 +75,7 @@ class _ActorFuture:
 
 
 def test_the_runs_inversions_add_to_its_compile_deferrals_and_a_silent_actor_adds_nothing():
-    from opsynth.generate.driver import _count_inversions
+    from opsynth.generate.driver import _count_claims
     from opsynth.shards.stats import RunStats
 
     t = InflightTraces()
@@ -83,9 +83,9 @@ def test_the_runs_inversions_add_to_its_compile_deferrals_and_a_silent_actor_add
         t.claim(sig, i)
     t.release("a", 3)
     stats = RunStats(compile_deferrals={"deferred": 4, "inverted": 1})  # a resumed run's counts
-    _count_inversions(_ActorFuture(t), stats)
+    _count_claims(_ActorFuture(t), stats)
     assert stats.compile_deferrals == {"deferred": 4, "inverted": 3, "released": 1}
-    _count_inversions(_ActorFuture(TimeoutError("gone")), stats)
+    _count_claims(_ActorFuture(TimeoutError("gone")), stats)
     assert stats.compile_deferrals == {"deferred": 4, "inverted": 3, "released": 1}
 
 
