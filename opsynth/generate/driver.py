@@ -295,14 +295,25 @@ class _CommittedFeed:
 
 
 def _start_claims(client, key: str):
-    """The run's in-flight claims actor (`opsynth.generate.inflight`): (its future, which keeps it
-    alive, and the `ClaimsRef` candidates are sent with), or (None, None) when it could not be started
-    (candidates then compile as before: time, never rows)."""
+    """The run's in-flight claims actor (`opsynth.generate.inflight`): (its future and the `ClaimsRef`
+    candidates are sent with), or (None, None) when it could not be started (candidates then compile
+    as before: time, never rows).
+
+    Kept by the scheduler (`fire_and_forget`) until the cluster goes, not by the future: candidates
+    still running when the run ends (cancelled, but their threads go on) ask it after the driver is
+    done, and a deleted actor answered each with a KeyError logged on the worker and a 5-s hang
+    (seen in test_pipeline_cli_errors). The driver closes it instead (`_close_claims`); the key is
+    unique, so a later run on the same cluster never meets a closed one."""
+    import uuid
+
+    from distributed import fire_and_forget
+
     from opsynth.generate.inflight import ClaimsRef, InflightTraces
 
     try:
-        future = client.submit(InflightTraces, actor=True, key=key, pure=False)
+        future = client.submit(InflightTraces, actor=True, key=f"{key}-{uuid.uuid4().hex[:8]}", pure=False)
         future.result(timeout=60)
+        fire_and_forget(future)
         (address,) = client.who_has(future)[future.key]
         return future, ClaimsRef(address=address, key=future.key)
     except Exception as e:  # noqa: BLE001 - named once; the run goes on without deferring
@@ -324,6 +335,14 @@ def _count_claims(claims_actor, stats) -> None:
     for key, n in counts.items():
         if n:
             stats.compile_deferrals[key] = stats.compile_deferrals.get(key, 0) + int(n)
+
+
+def _close_claims(claims_actor) -> None:
+    """Close the run's claims actor (`InflightTraces.close`): late callers are answered, not deferred."""
+    try:
+        claims_actor.result(timeout=5).close().result(timeout=5)
+    except Exception as e:  # noqa: BLE001 - late candidates may then defer: their records are not used
+        log.info("the in-flight claims actor did not close (%s: %s)", type(e).__name__, e)
 
 
 def _check_counts(out: Path, stats, committer, total_rows: int) -> None:
@@ -639,7 +658,8 @@ def _generate(cfg, writer, stats, committer, out, t_start, prior_wall, as_comple
             client.cancel(pending, force=True)
         if claims_actor is not None:
             _count_claims(claims_actor, stats)
-            claims_actor.release()
+            _close_claims(claims_actor)
+            claims_actor.release()  # the scheduler keeps the actor itself (fire_and_forget) for late callers
         save()
         handle.close()
 

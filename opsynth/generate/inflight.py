@@ -65,10 +65,14 @@ class InflightTraces:
         self._first: dict[str, int] = {}
         self._inverted = 0
         self._released = 0
+        self._closed = False
 
     def claim(self, signature: str, index: int) -> int:
         """Claim `signature` for candidate `index`; returns the lowest index that claimed it so far
-        (this one's own index when it is the first, or lower than every earlier claimant)."""
+        (this one's own index when it is the first, or lower than every earlier claimant; its own
+        once the run is over: `close`)."""
+        if self._closed:
+            return index
         first = self._first.get(signature)
         if first is not None and index < first:
             self._inverted += 1  # a later candidate claimed it first: it defers only if it asks again before compile
@@ -80,7 +84,7 @@ class InflightTraces:
         """Candidate `index` will leave no row (the verifier rejected it): drop its claim, if it
         still holds it, so that later candidates with this forward compile instead of deferring to
         it (those that deferred already are re-sent by the driver)."""
-        if self._first.get(signature) == index:
+        if not self._closed and self._first.get(signature) == index:
             del self._first[signature]
             self._released += 1
             return True
@@ -88,6 +92,13 @@ class InflightTraces:
 
     def releases(self) -> int:
         return self._released
+
+    def close(self) -> None:
+        """The run is over: forget the claims and answer every later call as if there were none
+        (candidates still running when the run ended ask after it; the driver keeps the actor for
+        them, `driver._start_claims`)."""
+        self._first.clear()
+        self._closed = True
 
     def size(self) -> int:
         return len(self._first)

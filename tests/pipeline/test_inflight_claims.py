@@ -6,6 +6,7 @@ killed-worker test."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 from opsynth.generate.inflight import ClaimsRef, InflightTraces, earlier_claim
@@ -111,3 +112,40 @@ def test_candidates_on_dask_workers_claim_through_the_actor_by_its_plain_referen
         later = client.submit(earlier_claim, ref, "sig", 5, key="c5", pure=False).result()
         other = client.submit(earlier_claim, ref, "other", 6, key="c6", pure=False).result()
         assert (first, later, other) == (None, 2, None)
+
+
+def _late_claims(ref):
+    """What a candidate still running after the run's end asks: a claim, then letting it go."""
+    t0 = time.perf_counter()
+    first = earlier_claim(ref, "sig", 9)
+    from opsynth.generate.inflight import release_claim
+
+    release_claim(ref, "sig", 9)
+    return first, time.perf_counter() - t0
+
+
+def test_a_candidate_still_running_after_the_run_ends_is_answered_at_once():
+    """Cancelled candidates keep running on their workers and ask the claims actor after the driver is
+    done with it. The driver closes it and the scheduler keeps it (fire_and_forget): they are answered
+    at once, with no deferral. (A deleted actor answered with a KeyError logged on its worker and a
+    5-s hang per call, seen as stray errors at the end of a first run.) Worker processes, as a run has."""
+    from distributed import Client, LocalCluster
+
+    from opsynth.generate.driver import _close_claims, _count_claims, _start_claims
+    from opsynth.shards.stats import RunStats
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        actor, ref = _start_claims(client, "inflight-late")
+        assert actor is not None and ref.key.startswith("inflight-late-")
+        other = next(w for w in client.scheduler_info()["workers"] if w != ref.address)  # asks only late
+        assert client.submit(earlier_claim, ref, "sig", 2, pure=False, workers=[ref.address]).result() is None  # 2 holds it
+        stats = RunStats()
+        _count_claims(actor, stats)
+        _close_claims(actor)
+        actor.release()  # what the driver does at the end of the run
+        del actor
+        gc.collect()  # the proxies the driver made of it are gone, as when its function returns
+        time.sleep(1.5)  # the scheduler has let go of what it was going to
+        first, took = client.submit(_late_claims, ref, pure=False, workers=[other]).result(timeout=30)
+        assert first is None and took < 2.0, (first, took)  # no deferral to 2, and no hang
