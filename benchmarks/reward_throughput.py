@@ -357,7 +357,7 @@ def _summary(res) -> dict:
 
 
 PHASES = ("reference_at_s", "built_at_s", "measure_at_s", "done_at_s",  # the batch timeline (s into it)
-          "prebuild_s", "prebuild_wall_s", "setup_s", "cuda_init_s", "profiler_init_s", "checks_wait_s", "locked_s", "trials_s", "profiled_s", "harness_warm_s",
+          "prebuild_s", "prebuild_wall_s", "setup_s", "prepare_s", "build_s", "instantiate_s", "weights_s", "host_alloc_s", "cuda_init_s", "profiler_init_s", "checks_wait_s", "locked_s", "trials_s", "profiled_s", "harness_warm_s",
           "timing_wait_s", "rounds_s", "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s", "intervals_s",
           "baseline_blocks_s", "baseline_calls_s", "baseline_block_overhead_s", "candidate_stop_s",
           "quiet_window_s", "compile_wait_s", "measure_wall_s", "child_run_s", "save_outputs_s", "judge_s", "judge_read_s", "judge_compare_s", "outputs_mb",
@@ -412,6 +412,8 @@ def main() -> None:
                     "on cuda min(4, measure workers))")
     ap.add_argument("--plain-lock-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
                     "the device lock's timings not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again")
+    ap.add_argument("--fresh-copies-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
+                    "the outputs' host copies into new memory ($OPSYNTH_FRESH_HOST_COPIES=1, the control), then reserved again")
     ap.add_argument("--ready-sweep", default="", help="after the GRPO-shaped phase (and its sweep), the same shape again "
                     "with each of these reward.ready_children counts, e.g. 0,8, or 12,4,12 (A/B/A: phase order warms caches): measuring "
                     "children parked ahead, measured")
@@ -522,7 +524,7 @@ def main() -> None:
                 done.append(round(time.perf_counter() - t0, 1))
                 rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1]}
                 print(f"[{name} {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
-                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in (*PHASES, "ready_reference", "ready_eager")), flush=True)
+                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in (*PHASES, "ready_reference", "ready_eager", "host_pinned")), flush=True)
                 if len(done) % 4 == 0:
                     save()
 
@@ -581,6 +583,15 @@ def main() -> None:
         finally:
             os.environ.pop(PHASES_ENV, None)
         phase("group_again", group_pairs(71_000, run_salt + 501_000))
+    if args.fresh_copies_group:  # A/B/A: the outputs' host copies into new memory (the control), then reserved again
+        from opsynth.reward.host_copies import FRESH_ENV
+
+        os.environ[FRESH_ENV] = "1"
+        try:
+            phase("group_fresh_copies", group_pairs(80_000, run_salt + 700_000))
+        finally:
+            os.environ.pop(FRESH_ENV, None)
+        phase("group_reserved_again", group_pairs(81_000, run_salt + 701_000))
     for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):  # a repeated count (12,4,12: A/B/A) gets
         name = f"group_r{n}" if f"group_r{n}" not in out["phases"] else f"group_r{n}_{k}"  # its own phase
         phase(name, group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))

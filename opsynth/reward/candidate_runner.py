@@ -152,11 +152,11 @@ def _prepare(job) -> types.SimpleNamespace:
     from opsynth.runtime import timing
 
     from opsynth.reward import cuda_state as cuda_state_mod
-    from opsynth.reward import rounds, timed_inputs
+    from opsynth.reward import host_copies, rounds, timed_inputs
 
     off = set(job.get("disabled_guards") or ())  # guards switched off, for tests' controls only
     snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner, rounds, timed_inputs, cuda_state_mod,
-                                                     task_file], class_methods="harness_class_methods" not in off)
+                                                     task_file, host_copies], class_methods="harness_class_methods" not in off)
     cstate = cuda_state_mod.CudaState() if cuda else None
     if cstate is not None and not cstate.available:
         print("[candidate] no CUDA runtime library in this process: launch-error and persisting-L2 checks are off", flush=True)
@@ -181,7 +181,7 @@ def _prepare(job) -> types.SimpleNamespace:
         timing=timing, rounds=rounds, timed_inputs=timed_inputs, snapshot=snapshot, off=off, cstate=cstate,
         l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, write_outputs=write_outputs, clone=_clone, sync=_sync,
         info=info, check_harness=_harness_checker(snapshot, off), hooks_changed=snapshot.hooks_changed, model=None, guarded=None,
-        protected=set(), poisoned=set(), reused=[],
+        protected=set(), poisoned=set(), reused=[], host=host_copies.HostCopies(torch, pin=cuda),
     )
 
 
@@ -413,7 +413,7 @@ def _call_checked(ctx, args, meta, where):
         if isinstance(a, torch.Tensor) and not _same_bits(torch, p, a):
             raise Reject("input_mutated", f"{where}: forward modified its input in place")
     _poison_outputs(ctx, outs)
-    return [o.detach().cpu() for o in early]
+    return ctx.host.take(early)
 
 
 def _start_profiler(torch) -> None:
@@ -489,6 +489,18 @@ def _profiled_call(ctx, buffers, contents) -> tuple[list, list]:
     return kernels, kernel_times
 
 
+def _reserve_host_copies(ctx, job, data) -> None:
+    """The host memory the outputs' copies go to (every trial's, the second shape's, the kept timed
+    rounds'), allocated now, before the device is shared or locked (`host_copies`)."""
+    t0 = time.perf_counter()
+    meta = (job.get("output_meta") or {}) if job.get("host_copies", True) else {}  # False: new memory (a control)
+    ctx.host.reserve(meta.get("trials"), len(data.get("trials") or ()) + ctx.rounds.KEEP)
+    if job.get("has_second") and data.get("second") is not None:
+        ctx.host.reserve(meta.get("second"), 1)
+    ctx.info["host_alloc_s"] = round(time.perf_counter() - t0, 3)
+    ctx.info["host_pinned"] = ctx.host.pinned
+
+
 def _warm_harness(ctx, job, buffers, contents, trial_outs) -> tuple:
     """The harness's first-time costs, paid under the checks' share instead of in the locked window:
     the timer (its 256 MiB flush buffer, events), the stacked trial inputs and one fresh input set,
@@ -547,7 +559,7 @@ def _timed_rounds(ctx, job, buffers, contents, timer, stacked) -> tuple[dict, in
             t0 = time.perf_counter()
             kept, fps = rounds.run_rounds(ctx.guarded, buffers, stacked, timer, chan, first,
                                           fresh="fresh_inputs" not in off, trials=contents, before_call=before_call,
-                                          check_call=check_call, after_report=poison_outputs)
+                                          check_call=check_call, after_report=poison_outputs, keep_into=ctx.host.take)
             t1 = time.perf_counter()
             rep = chan.request({"kind": "timing_done"})
             info["rounds_run_s"] = round(info["rounds_run_s"] + t1 - t0, 4)
@@ -623,19 +635,27 @@ def measure(job) -> dict:
     prepare, instantiate, load_weights, guarded_forward = _prepare, _instantiate, _load_weights, _guarded_forward
     check_precision = _check_precision
     warm_profiler, checked_trials, profiled_call, timed_rounds = _warm_profiler, _checked_trials, _profiled_call, _timed_rounds
-    warm_harness = _warm_harness
+    warm_harness, reserve_host_copies = _warm_harness, _reserve_host_copies
     timing_lock, checks_share = _TimingLock, _ChecksShare
     ctx = prepare(job)
     torch, tracker, info = ctx.torch, ctx.tracker, ctx.info
+    # Where a measuring child's setup goes (diagnostics): the guards and the harness's snapshot, the
+    # candidate's import and ModelNew, the reference's weights and inputs read in
+    info["prepare_s"] = round(time.perf_counter() - _T_IMPORT, 3)
     lock = ExitStack()
     try:
+        t_inst = time.perf_counter()
         model = instantiate(ctx, job)
+        t_weights = time.perf_counter()
+        info["instantiate_s"] = round(t_weights - t_inst, 3)
         data = load_weights(ctx, model)
+        info["weights_s"] = round(time.perf_counter() - t_weights, 3)
         check_precision(ctx, model, data)
         ctx.model = model
         ctx.protected = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
         call = ctx.task_step(model, ctx.kind, job.get("n_inputs") or 0, job.get("param_names"))
         ctx.guarded = guarded_forward(ctx.audit, call)
+        reserve_host_copies(ctx, job, data)
         if ctx.cuda:
             warm_profiler(ctx)
         t_setup = time.perf_counter() - _T_IMPORT

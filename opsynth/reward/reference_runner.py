@@ -33,19 +33,20 @@ def _read_plan() -> dict | None:
     return json.loads(raw) if raw.strip() else None
 
 
-def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str) -> tuple[dict, dict]:
+def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, outputs0: list) -> tuple[dict, dict]:
     """The reference side of the timed rounds (opsynth.reward.rounds): for every round's fresh
     inputs, Model's fingerprints and their tolerance; in full for the kept rounds. The rounds every
     candidate's main pass may run go through the rounds protocol with the device to itself, the same
     code as the candidate's rounds, so the parent's clock sees the same overhead (the tolerances, a
     pass over each output candidates' rounds do not make, are reported as the reference's own work
     and taken out of it). The rounds only a longer pass or a re-measure can reach come after, with
-    the device shared with other checks and nothing clocking them (`untimed_rounds`). Returns the
-    rounds and the seconds of each part."""
+    the device shared with other checks and nothing clocking them (`untimed_rounds`). `outputs0`: the
+    first trial's outputs, the layout of every round's. Returns the rounds and the seconds of each part."""
     import torch
 
     from opsynth.runtime import child
     from opsynth.reward.guards import poison_fill
+    from opsynth.reward.host_copies import HostCopies
     from opsynth.reward.rounds import Channel, run_rounds, untimed_rounds
     from opsynth.reward.timed_inputs import stack_trials, tolerance
     from opsynth.runtime.timing import Timer
@@ -67,9 +68,13 @@ def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str) -> tup
     def tol(j, outs):
         scale[j] = tolerance(outs, atol, rtol)
 
+    # The kept rounds' host copies go to memory allocated here, before the lock (`host_copies`)
+    host = HostCopies(torch, pin=device == "cuda")
+    if job.get("host_copies", True):  # False: new memory (a control)
+        host.reserve([[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outputs0], len(plan.get("keep") or ()))
     with device_lock(job), torch.no_grad():
         t0 = time.perf_counter()
-        kept, fps = run_rounds(call, buffers, stacked, timer, chan, 0, after_report=poison, own_work=tol)
+        kept, fps = run_rounds(call, buffers, stacked, timer, chan, 0, after_report=poison, own_work=tol, keep_into=host.take)
         chan.request({"kind": "timing_done"})
         t1 = time.perf_counter()
     keys: dict = {}
@@ -136,7 +141,7 @@ def _run(job: dict) -> dict:
 
     meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
     plan = _read_plan()
-    rounds, round_times = _timed_rounds(job, call, trials, plan, device) if plan else (None, {})
+    rounds, round_times = _timed_rounds(job, call, trials, plan, device, outputs[0]) if plan else (None, {})
     with device_checks(job):
         flops = _flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device)
     torch.save(init_inputs, job["init_path"])

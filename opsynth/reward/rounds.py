@@ -566,22 +566,26 @@ def _ask(chan: Channel, req: dict) -> dict:
 
 def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: int = 0, *, fresh: bool = True,
                trials: list | None = None, before_call=None, check_call=None, after_report=None,
-               own_work=None) -> tuple[dict, dict]:
+               own_work=None, keep_into=None) -> tuple[dict, dict]:
     """Run one pass of timed rounds from round `first` in a child (reference or candidate, the same
     code), for as long as the parent sends seeds: make each round's inputs from its seed, time the
     call, check it (`check_call(j, outs)`, may raise), fingerprint it and its inputs (changed in
     place?) and report them, keep its outputs on the CPU when told, then `after_report(outs)`.
     `own_work(j, outs)` (the reference's tolerances) runs before the report, timed here and reported
     as `own_ms`, which only the reference's session takes out of the round's clock.
+    `keep_into(outs)` makes the kept rounds' host copies (`host_copies.HostCopies.take`: memory
+    allocated before the lock); without it, new memory.
     With `fresh` False (a guard switched off, for tests) the rounds cycle the trial inputs instead.
     The harness's own torch ops (inputs, fingerprints, poisoning) bypass the dispatch modes on the
     stack (`harness_ops`): the candidate child's op audit acts only inside the call, and would
     otherwise cost every one of them a trip through Python.
     Returns ({round: outputs} of the kept rounds, {round: fingerprints}) of this pass."""
     from opsynth.reward.compare import as_output_list
+    from opsynth.reward.host_copies import fresh_copy
     from opsynth.reward.timed_inputs import fingerprints_and_key, fresh_inputs
     from opsynth.runtime.timing import time_rounds
 
+    keep_into = keep_into or fresh_copy
     kept: dict = {}
     fps: dict = {}
     settled = getattr(timer, "settled", None) or [0.0]  # the timer's settling before each call (cuda)
@@ -622,7 +626,7 @@ def run_rounds(fn, buffers: list, stacked: list, timer, chan: Channel, first: in
         seed["s"] = None if rep.get("seed") is None else int(rep["seed"])
         with harness_ops():
             if rep.get("keep"):
-                kept[j] = [o.detach().cpu().clone() for o in outs]
+                kept[j] = keep_into(outs)
             if after_report is not None:
                 after_report(outs)
 

@@ -1,0 +1,82 @@
+"""Host copies of a call's outputs, into memory allocated before the device is locked.
+
+The parent judges a child's outputs on the host, so the child copies them there: every checked
+trial's (under the checks' share) and the kept timed rounds' (inside the timing lock, where every
+millisecond is every other candidate's wait). Into fresh host memory such a copy faults its pages
+in as it goes, which under gVisor made one kept round of 80 MB of outputs take about 83 ms against
+a median round of 2.1 ms on an H100 (2026-12-07): half of a candidate's locked time. Here the
+destinations are allocated ahead, while nothing is locked: page-locked on CUDA where the driver
+allows it (the copy is then one DMA), else written once so that their pages are in.
+"""
+
+from __future__ import annotations
+
+import os
+
+# "1": every copy into new memory, as before (the benchmark's control, `reward_throughput.py
+# --fresh-copies-group`); read by the parent when it makes a child's job
+FRESH_ENV = "OPSYNTH_FRESH_HOST_COPIES"
+
+
+def reserved_copies() -> bool:
+    """Whether children reserve their copies' memory ahead (the parent's side, into the job)."""
+    return os.environ.get(FRESH_ENV, "0") != "1"
+
+
+def _layout(outs) -> tuple:
+    return tuple((tuple(o.shape), str(o.dtype).replace("torch.", "")) for o in outs)
+
+
+def fresh_copy(outs) -> list:
+    """Host copies in new memory (the fallback, and the CPU backend's only form)."""
+    return [o.detach().to("cpu", copy=True) for o in outs]
+
+
+class HostCopies:
+    """Sets of host tensors, one set per expected copy of a call's outputs, by layout.
+
+    `reserve(meta, count)` allocates `count` sets for outputs shaped as `meta` ([[shape, dtype], ...],
+    the reference child's `output_meta` records); `take(outs)` copies into a free set of the outputs'
+    layout, or into new memory when none is left or the layout was not expected (a wrong shape is the
+    parent's verdict to give, not this helper's)."""
+
+    def __init__(self, torch, pin: bool):
+        self.torch, self.pin = torch, pin
+        self.free: dict[tuple, list[list]] = {}
+        self.pinned: bool | None = None  # whether page-locked memory was had (None: nothing reserved yet)
+        self.taken = self.fallbacks = 0
+
+    def _empty(self, shape, dtype):
+        torch = self.torch
+        if self.pin and self.pinned is not False:
+            try:
+                t = torch.empty(shape, dtype=dtype, pin_memory=True)
+                self.pinned = True
+                return t
+            except Exception:  # noqa: BLE001 - no page-locked memory here: pageable, its pages written once
+                self.pinned = False
+        t = torch.empty(shape, dtype=dtype)
+        if t.numel():
+            t.view(-1)[::max(1, 4096 // max(1, t.element_size()))] = 0  # one write a page faults each in
+        if self.pinned is None:
+            self.pinned = False
+        return t
+
+    def reserve(self, meta, count: int) -> None:
+        if not meta or count <= 0:
+            return
+        layout = tuple((tuple(int(d) for d in shape), str(dtype)) for shape, dtype in meta)
+        for _ in range(count):
+            self.free.setdefault(layout, []).append(
+                [self._empty(shape, getattr(self.torch, dtype)) for shape, dtype in layout])
+
+    def take(self, outs) -> list:
+        sets = self.free.get(_layout(outs))
+        if not sets:
+            self.fallbacks += 1
+            return fresh_copy(outs)
+        dst = sets.pop()
+        for d, o in zip(dst, outs):
+            d.copy_(o.detach())
+        self.taken += 1
+        return dst
