@@ -198,7 +198,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     t_facts = time.perf_counter()
     facts = FactsMemo()
     facts.warm(outputs, tcfg)  # here, while the candidates build: no candidate's judging waits for it
-    phases = {"child_s": round(res.wall_s, 3), "server_wait_s": res.server_wait_s,
+    phases = {"child_s": round(res.wall_s, 3), "server_wait_s": res.server_wait_s, **(res.data.get("parts") or {}),
               "read_s": round(t_facts - t_read, 3), "facts_s": round(time.perf_counter() - t_facts, 3)}
     eager_ms, compile_ms = (cached or {}).get("eager_ms"), (cached or {}).get("compile_ms")
     job["output_meta"] = res.data.get("output_meta")

@@ -125,6 +125,7 @@ def _run(job: dict) -> dict:
         torch.set_num_threads(int(job["cpu_threads"]))
     device = job["device"]
     source = open(job["task_path"]).read()
+    t0 = time.perf_counter()
     with device_checks(job):
         try:
             mod = load_task_module(source)
@@ -141,9 +142,12 @@ def _run(job: dict) -> dict:
 
     meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
     plan = _read_plan()
+    t1 = time.perf_counter()
     rounds, round_times = _timed_rounds(job, call, trials, plan, device, outputs[0]) if plan else (None, {})
+    t2 = time.perf_counter()
     with device_checks(job):
         flops = _flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device)
+    t3 = time.perf_counter()
     torch.save(init_inputs, job["init_path"])
     torch.save(
         {
@@ -155,9 +159,15 @@ def _run(job: dict) -> dict:
     )
     from opsynth.reward.outputs_file import channel_writer
 
+    t4 = time.perf_counter()
     channel_writer(torch.save)({"trials": outputs, "second": second_outputs, **(rounds or {})})  # the parent's channel, no file
+    # Where the child's time goes (diagnostics): the task and its outputs, the rounds (timed and untimed), the
+    # flop count, the candidates' data saved, the outputs into the parent's channel
+    parts = {"outputs_s": t1 - t0, "all_rounds_s": t2 - t1, "flops_s": t3 - t2, "save_s": t4 - t3,
+             "channel_s": time.perf_counter() - t4}
     return {
         "reason": "ok",
+        "parts": {k: round(v, 3) for k, v in parts.items()},
         "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
         "has_second": second_inputs is not None,
         "n_inputs": n_inputs,
