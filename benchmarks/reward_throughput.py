@@ -362,7 +362,7 @@ PHASES = ("reference_at_s", "built_at_s", "measure_at_s", "done_at_s",  # the ba
           "baseline_blocks_s", "baseline_calls_s", "baseline_block_overhead_s", "candidate_stop_s",
           "quiet_window_s", "compile_wait_s", "measure_wall_s", "child_run_s", "save_outputs_s", "judge_s", "judge_read_s", "judge_compare_s", "outputs_mb",
           "round_overhead_ms", "call_overhead_ms", "round_period_ms", "round_periods_s", "round_period_max_ms", "round_period_max_at", "first_round_ms", "pacer_before_rounds_s", "settle_device_s", "reference_rounds_s", "reference_untimed_rounds_s",
-          "reference_outputs_s", "reference_all_rounds_s", "reference_flops_s", "reference_save_s", "reference_channel_s",
+          "reference_outputs_s", "reference_save_s", "reference_data_at_s", "reference_handed_at_s", "reference_all_rounds_s", "reference_flops_s", "reference_channel_s",
           "reference_round_overhead_ms", "reference_round_period_ms", "host_ms", "reference_host_ms",
           "call_margin_ms", "call_floor_scale",  # the claims' floor: honest margins calibrate its slack
           "baseline_quiet_wait_ms", "baseline_disturbed_blocks",  # CUDA: waits for an idle device before baseline blocks
@@ -415,6 +415,8 @@ def main() -> None:
                     "the device lock's timings not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again")
     ap.add_argument("--fresh-copies-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
                     "the outputs' host copies into new memory ($OPSYNTH_FRESH_HOST_COPIES=1, the control), then reserved again")
+    ap.add_argument("--late-data-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
+                    "candidates started only on the whole reference ($OPSYNTH_EARLY_REFERENCE_DATA=0, the control), then early again")
     ap.add_argument("--ready-sweep", default="", help="after the GRPO-shaped phase (and its sweep), the same shape again "
                     "with each of these reward.ready_children counts, e.g. 0,8, or 12,4,12 (A/B/A: phase order warms caches): measuring "
                     "children parked ahead, measured")
@@ -525,7 +527,7 @@ def main() -> None:
                 done.append(round(time.perf_counter() - t0, 1))
                 rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1]}
                 print(f"[{name} {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
-                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in (*PHASES, "ready_reference", "ready_eager", "host_pinned")), flush=True)
+                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in (*PHASES, "ready_reference", "ready_eager", "host_pinned", "early_data")), flush=True)
                 if len(done) % 4 == 0:
                     save()
 
@@ -593,6 +595,15 @@ def main() -> None:
         finally:
             os.environ.pop(FRESH_ENV, None)
         phase("group_reserved_again", group_pairs(81_000, run_salt + 701_000))
+    if args.late_data_group:  # A/B/A: candidates start only on the whole reference (the control), then early again
+        from opsynth.reward.evaluate import EARLY_DATA_ENV
+
+        os.environ[EARLY_DATA_ENV] = "0"
+        try:
+            phase("group_late_data", group_pairs(82_000, run_salt + 702_000))
+        finally:
+            os.environ.pop(EARLY_DATA_ENV, None)
+        phase("group_early_again", group_pairs(83_000, run_salt + 703_000))
     for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):  # a repeated count (12,4,12: A/B/A) gets
         name = f"group_r{n}" if f"group_r{n}" not in out["phases"] else f"group_r{n}_{k}"  # its own phase
         phase(name, group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))

@@ -293,17 +293,18 @@ class Pacer:
     baseline blocks between the candidate's blocks of rounds, and when to ask for more rounds."""
 
     def __init__(self, baselines: TaskBaselines | None, cfg, device: str, lock_path: str | None, warmup: int, cap_end: int,
-                 reference: tuple[list, dict] | None = None, reference_ms: float | None = None):
-        self.baselines = baselines if baselines is not None and not baselines.uses_cache() else None
-        self.reference = reference  # (the reference's rounds: fingerprints and scale; its input keys)
-        self.reference_ms = reference_ms  # the median of the reference child's timed rounds: the task's eager time before any candidate
+                 reference: tuple[list, dict] | None = None, reference_ms: float | None = None, pending=None):
+        """`pending`: a callable that returns {"baselines", "reference", "reference_ms"} or why not (a
+        string), called once, at the timing lock: for a candidate started before its reference was
+        whole (`evaluate._measure_one`); nothing before the lock reads them."""
+        self._pending_ref = pending
         self.cfg, self.device, self.lock_path = cfg, device, lock_path
+        self._bind(baselines, reference, reference_ms)
         self.warmup, self.cap_end = warmup, cap_end
         self.block_calls = cfg.resolved_timing_block(device)
         self.pid: int | None = None
         self.samples: dict[str, list[float]] = {"eager": [], "compile": []}
         self.since: dict[str, int] = {"eager": warmup}  # the first candidate round each baseline pairs with
-        self.active = ["eager"] if self.baselines is not None else []
         self.pending: set[str] = set()
         self.dirty = True  # candidate rounds ran since the last baseline blocks
         self.next_boundary = warmup
@@ -334,6 +335,12 @@ class Pacer:
         self.stop_s = 0.0
         self.probe_ms: dict = {}  # {"host"|"device": [fastest, slowest]}
 
+    def _bind(self, baselines, reference, reference_ms) -> None:
+        self.baselines = baselines if baselines is not None and not baselines.uses_cache() else None
+        self.reference = reference  # (the reference's rounds: fingerprints and scale; its input keys)
+        self.reference_ms = reference_ms  # the median of the reference child's timed rounds: the task's eager time before any candidate
+        self.active = ["eager"] if self.baselines is not None else []
+
     # -- the child's requests ------------------------------------------------------------------
 
     def set_pid(self, pid: int) -> None:
@@ -359,6 +366,11 @@ class Pacer:
         with self._state:
             if self.locked or self.closed:
                 return "the timing lock was asked for twice"
+        if self._pending_ref is not None:  # started before its reference was whole: wait for it, holding nothing
+            got, self._pending_ref = self._pending_ref(), None
+            if isinstance(got, str):
+                return got
+            self._bind(**got)
         if self.baselines is not None:
             if not self.shared:
                 self._take(self._share_cm, "shared")

@@ -27,6 +27,7 @@ share under its own device lock, and with `remote_builds` the builds go to any w
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import statistics
@@ -75,6 +76,14 @@ class _Reference:
     # Where the reference's seconds go (a user's single evaluation waits for it as for its build):
     # its child start to exit, the fork server's start before it, and the parent's read of what it wrote
     phases: dict = field(default_factory=dict)
+    # Set on the early form only (`_with_data`: the reference's data and facts, before its timed rounds):
+    # the future of the whole reference, which the candidate's timing and judging wait for
+    full: object = None
+
+
+# "0": candidates start only on the whole reference, as before (the benchmark's control,
+# `reward_throughput.py --late-data-group`); read by the parent when it makes a reference's job
+EARLY_DATA_ENV = "OPSYNTH_EARLY_REFERENCE_DATA"
 
 
 def task_cfg(cfg: RewardConfig, task_code: str) -> RewardConfig:
@@ -110,10 +119,40 @@ def _once_timed(handler, rounds, on_timed, job: dict):
     return handle
 
 
+def _with_data(handler, job: dict, on_data, early):
+    """`handler`, which also takes the reference child's `reference_data` (once): its candidates' data
+    is written, before its timed rounds. Reads the data (the file goes), fills the job's facts from the
+    message and calls `on_data(early(data))` (from the channel's thread: it must not block).
+    Returns (the handler, a dict whose "data" is the bytes read, None until then)."""
+    state: dict = {"data": None}
+
+    def handle(req):
+        if not (isinstance(req, dict) and req.get("kind") == "reference_data"):
+            return handler(req)
+        if state["data"] is not None:
+            return {"ok": False, "error": "reference_data was sent twice"}
+        try:
+            path = Path(job["data_path"])
+            data = path.read_bytes()
+            path.unlink()
+        except OSError as e:
+            return {"ok": False, "error": f"the reference's data: {e}"}
+        state["data"] = data
+        job.update(output_meta=req.get("output_meta"), has_second=bool(req.get("has_second")),
+                   n_inputs=req.get("n_inputs"), param_names=req.get("param_names"))
+        on_data(early(data))
+        return {"ok": True}
+
+    return handle, state
+
+
 def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode: str | None = None,
-                       on_timed=None) -> _Reference:
+                       on_timed=None, on_data=None) -> _Reference:
     """The task's reference run (its outputs, data and timed rounds). `on_timed(job)`, when given, is
-    called once the reference's timed rounds are over (`_once_timed`), with the job its seeds are in."""
+    called once the reference's timed rounds are over (`_once_timed`), with the job its seeds are in.
+    `on_data(early)`, when given, is called with the reference's early form (`_Reference` with its
+    data, facts, plan and clock, `full` unset) as soon as the child has written its data, before its
+    timed rounds (`_with_data`; not with $OPSYNTH_EARLY_REFERENCE_DATA=0)."""
     from opsynth.reward import baseline_cache
     from opsynth.reward.eval_types import RUNNERS
     from opsynth.runtime.sandbox import run_child
@@ -152,6 +191,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": device_lock_file(cfg, device),
         "host_copies": reserved_copies(),
+        "early_data": on_data is not None and os.environ.get(EARLY_DATA_ENV, "1") != "0",
     }
     from opsynth.reward.rounds import RoundSession, TimingPlan, session_handler
 
@@ -169,6 +209,17 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         plan_bytes, handler = json.dumps(plan.to_dict()).encode(), session_handler(ref_rounds, None)
         if on_timed is not None:
             handler = _once_timed(handler, ref_rounds, on_timed, job)
+        from opsynth.reward import floor
+
+        def early(data: bytes) -> _Reference:
+            meta = (job["output_meta"] or {}).get("trials") or []
+            return _Reference(True, "ok", "", scratch, job, data=data, eager_ms=(cached or {}).get("eager_ms"),
+                              compile_ms=(cached or {}).get("compile_ms"), plan=plan, rounds=ref_rounds,
+                              floor_ms=floor.floor_ms(meta, device), cfg=tcfg, ready_child=parked is not None)
+
+        handed: dict = {"data": None}
+        if job["early_data"]:
+            handler, handed = _with_data(handler, job, on_data, early)
         if parked is not None:
             res = parked.child.run(job, cfg.reference_timeout_s, stdin_bytes=plan_bytes, build_handler=handler)
         else:
@@ -192,9 +243,11 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
             ref_rounds.keys.setdefault(j, r["key"])
     # Nor the inputs and weights: a module could read them at import time (when torch compute is
     # still allowed) and precompute outputs. They reach the candidate child on stdin, after __init__.
-    data_path = Path(job["data_path"])
-    data = data_path.read_bytes()
-    data_path.unlink()
+    data = handed["data"]
+    if data is None:  # not handed over early
+        data_path = Path(job["data_path"])
+        data = data_path.read_bytes()
+        data_path.unlink()
     t_facts = time.perf_counter()
     facts = FactsMemo()
     facts.warm(outputs, tcfg)  # here, while the candidates build: no candidate's judging waits for it
@@ -204,8 +257,6 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
     job["n_inputs"], job["param_names"] = res.data.get("n_inputs"), res.data.get("param_names")  # a backward step's
-    from opsynth.reward import floor
-
     meta = (job["output_meta"] or {}).get("trials") or []
     return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
                       plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
@@ -282,8 +333,16 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
     times["ready_child"] = parked is not None
     job = _candidate_job(spec, ref, cfg, device, scratch, "measure")
     fresh = "fresh_inputs" not in off
-    pacer = Pacer(ref.baselines, cfg, device, device_lock_file(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
-                  reference=(ref.outputs["rounds"], ref.rounds.keys) if fresh else None, reference_ms=_reference_ms(ref))
+
+    def bound(whole: _Reference) -> dict:  # what the pacer takes from the whole reference
+        return {"baselines": whole.baselines, "reference": (whole.outputs["rounds"], whole.rounds.keys) if fresh else None,
+                "reference_ms": _reference_ms(whole)}
+
+    full = ref.full  # set on the early form: the timed section and the judging wait for the whole reference
+    pacer = Pacer(None, cfg, device, device_lock_file(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
+                  pending=_whole_reference(full, bound)) if full is not None else \
+        Pacer(cfg=cfg, device=device, lock_path=device_lock_file(cfg, device), warmup=ref.plan.warmup,
+              cap_end=ref.plan.main + ref.plan.extra, **bound(ref))
     rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms,
                           reference=None if "wall_clock" in off else ref.rounds, pacer=pacer,
                           call_floor="call_wall_floor" not in off)
@@ -308,6 +367,10 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
             res = builds.overrule(res)
         finally:
             pacer.close()  # the device lock and the quiet window, whatever the child did
+        if full is not None:  # the early form: the whole reference decides from here on
+            ref = full.result()
+            if not ref.ok:
+                return EvalResult.rejected(ref.reason, ref.log, device=device)
         log = (build_log + "\n" + res.log).strip()
         details = {k: res.data[k] for k in ("detail", "kernels", "kernel_times", "builds", "ext_calls") if res.data.get(k) is not None}
         if res.reason != "ok":
@@ -354,6 +417,24 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         channel.close()  # the outputs loaded from it keep their mapping
         if parked is not None:
             _cleanup(parked.scratch, cfg)  # the batch cleans the candidate's own scratch
+
+
+def _whole_reference(full, bound):
+    """The pacer's `pending` for a candidate started on its reference's early form: waits (in the
+    channel's thread, when the child asks for the timing lock) for the whole reference, then returns
+    `bound(whole)`, or why the candidate cannot be timed (the reference failed: the verdict is then
+    the reference's, `_measure`)."""
+
+    def get():
+        try:
+            whole = full.result()
+        except Exception as e:  # noqa: BLE001 - the reference's own error reaches the verdict through `_measure`
+            return f"the task's reference did not finish: {type(e).__name__}"
+        if not whole.ok:
+            return f"the task's reference failed: {whole.reason}"
+        return bound(whole)
+
+    return get
 
 
 def _reference_ms(ref: _Reference) -> float | None:
@@ -597,6 +678,7 @@ class _Batch:
     build_at_s: dict = field(default_factory=dict)  # candidate digest -> when its build child was asked for
     built_at_s: dict = field(default_factory=dict)  # candidate digest -> when its build child ended
     ref_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its _Reference
+    data_futs: dict = field(default_factory=dict)  # (task_code, mode) -> future of its early _Reference (None: none)
 
     def at(self) -> float:
         """Seconds since the batch began (its timeline)."""
@@ -696,11 +778,22 @@ def _reference_task(batch: _Batch, task):
         if early and early[0].exception() is None:
             early[0].result().close()
 
+    data_fut = batch.data_futs.get(task)
+
+    def on_data(early_ref: _Reference):
+        at["handed_at_s"] = batch.at()  # seconds into the batch when its data was handed over
+        if data_fut is not None and not data_fut.done():
+            data_fut.set_result(early_ref)
+
     try:
-        ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1], on_timed=start_early)
+        ref = _prepare_reference(task[0], batch.cfg, batch.device, task[1], on_timed=start_early,
+                                 on_data=on_data if data_fut is not None else None)
     except BaseException:
         close_early()
         raise
+    finally:
+        if data_fut is not None and not data_fut.done():
+            data_fut.set_result(None)  # no early form: its candidates wait for the whole reference
     ref.done_at_s = batch.at()
     ref.phases.update(at)
     if not ref.ok:
@@ -723,9 +816,19 @@ def _measure_reported(batch: _Batch, j, bres):
 
 
 def _measure_one(batch: _Batch, j, bres):
-    """Candidate j's result: its reference's or build's rejection, else the measuring child's verdict."""
+    """Candidate j's result: its reference's or build's rejection, else the measuring child's verdict.
+    A built candidate starts on its reference's early form when there is one (its data is written):
+    its setup and checked calls overlap the reference's timed rounds, and `_measure` holds its timing
+    and judging until the reference is whole."""
     device = batch.device
-    ref = batch.ref_futs[_task_of(batch.pairs[j])].result()
+    task = _task_of(batch.pairs[j])
+    data_fut = batch.data_futs.get(task)
+    early = data_fut.result() if data_fut is not None and bres.reason == "ok" else None
+    if early is not None:
+        early.full = batch.ref_futs[task]
+        ref = early
+    else:
+        ref = batch.ref_futs[task].result()
     if not ref.ok:
         return EvalResult.rejected(ref.reason, ref.log, device=device)
     if bres.reason != "ok":
@@ -734,6 +837,9 @@ def _measure_one(batch: _Batch, j, bres):
         return out
     measure_at = batch.at()
     res = _measure(batch.specs[j], ref, batch.cfg, device, batch.scratches[j], bres.log)
+    if early is not None:
+        ref = early.full.result()  # whole by now: _measure waited for it
+        res.times["early_data"] = True
     # The timeline (seconds into the batch): services up, its reference ready, its build ended, its
     # measuring child started (after both), its result known (the judging included)
     if ref.baselines is not None:  # which of the task's first children were parked ahead (diagnostics)
@@ -760,11 +866,17 @@ def _schedule(batch: _Batch, bpool, mpool) -> dict:
         for i in batch.specs:
             task = _task_of(batch.pairs[i])
             if task not in batch.ref_futs:
+                if early_data:
+                    batch.data_futs[task] = Future()
                 batch.ref_futs[task] = mpool.submit(_reference_task, batch, task)
 
     # On a GPU, builds (CPU) overlap timing (device). On the cpu backend they would share the
     # cores and skew every baseline and candidate timing, so all builds finish first there.
     overlap = batch.device != "cpu"
+    # Candidates start on their reference's early form only where measurements overlap one another
+    # anyway (more than one measuring worker): with one, nothing could start earlier, and on the cpu
+    # backend a child's start-up beside the reference's timed rounds would share its cores
+    early_data = batch.cfg.resolved_measure_workers(batch.device) > 1
     if overlap:  # references go first in the measurement queue, so measurements never wait long
         submit_references()
     build_futs = [bpool.submit(_build_distinct, batch, d) for d in batch.by_digest]  # identical candidates build once

@@ -33,6 +33,17 @@ def _read_plan() -> dict | None:
     return json.loads(raw) if raw.strip() else None
 
 
+def _hand_data_over(facts: dict) -> None:
+    """Tell the parent that the candidates' data (weights, inputs; `init_path`, `data_path`) is written,
+    with what their jobs need of this child's results, before the timed rounds: the task's measuring
+    children start on it while this child times, checks and hands its outputs over (the parent holds
+    their timing until this child is done). A refusal leaves the files for the parent to read at the end."""
+    from opsynth.reward.rounds import Channel
+    from opsynth.runtime import child
+
+    Channel(child.BUILD_FD).request({"kind": "reference_data", **facts})
+
+
 def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, outputs0: list) -> tuple[dict, dict]:
     """The reference side of the timed rounds (opsynth.reward.rounds): for every round's fresh
     inputs, Model's fingerprints and their tolerance; in full for the kept rounds. The rounds every
@@ -141,13 +152,9 @@ def _run(job: dict) -> dict:
     trials, outputs, second_inputs, second_outputs = out["trials"], out["outputs"], out["second_inputs"], out["second_outputs"]
 
     meta = lambda outs: [[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outs]  # noqa: E731
-    plan = _read_plan()
-    t1 = time.perf_counter()
-    rounds, round_times = _timed_rounds(job, call, trials, plan, device, outputs[0]) if plan else (None, {})
-    t2 = time.perf_counter()
-    with device_checks(job):
-        flops = _flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device)
-    t3 = time.perf_counter()
+    facts = {"output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
+             "has_second": second_inputs is not None, "n_inputs": n_inputs, "param_names": names}
+    t_save = time.perf_counter()
     torch.save(init_inputs, job["init_path"])
     torch.save(
         {
@@ -157,21 +164,28 @@ def _run(job: dict) -> dict:
         },
         job["data_path"],
     )
+    save_s = time.perf_counter() - t_save
+    if job.get("early_data"):
+        _hand_data_over(facts)
+    plan = _read_plan()
+    t1 = time.perf_counter()
+    rounds, round_times = _timed_rounds(job, call, trials, plan, device, outputs[0]) if plan else (None, {})
+    t2 = time.perf_counter()
+    with device_checks(job):
+        flops = _flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device)
+    t3 = time.perf_counter()
     from opsynth.reward.outputs_file import channel_writer
 
     t4 = time.perf_counter()
     channel_writer(torch.save)({"trials": outputs, "second": second_outputs, **(rounds or {})})  # the parent's channel, no file
     # Where the child's time goes (diagnostics): the task and its outputs, the rounds (timed and untimed), the
     # flop count, the candidates' data saved, the outputs into the parent's channel
-    parts = {"outputs_s": t1 - t0, "all_rounds_s": t2 - t1, "flops_s": t3 - t2, "save_s": t4 - t3,
+    parts = {"outputs_s": t_save - t0, "save_s": save_s, "data_at_s": t1 - t0, "all_rounds_s": t2 - t1, "flops_s": t3 - t2,
              "channel_s": time.perf_counter() - t4}
     return {
         "reason": "ok",
         "parts": {k: round(v, 3) for k, v in parts.items()},
-        "output_meta": {"trials": meta(outputs[0]), "second": meta(second_outputs) if second_outputs else None},
-        "has_second": second_inputs is not None,
-        "n_inputs": n_inputs,
-        "param_names": names,
+        **facts,
         **round_times,
         **flops,
     }
