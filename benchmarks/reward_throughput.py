@@ -577,33 +577,24 @@ def main() -> None:
     # 5. The same shape with other numbers of children in flight (fresh bodies: each group builds its own)
     for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):
         phase(f"group_w{n}", group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
-    if args.plain_lock_group:  # the control: the device lock without timings as a phase, then the default again
-        from opsynth.runtime.device_lock import PHASES_ENV
+    from opsynth.reward.evaluate import EARLY_DATA_ENV
+    from opsynth.reward.host_copies import FRESH_ENV
+    from opsynth.runtime.device_lock import PHASES_ENV
 
-        os.environ[PHASES_ENV] = "0"
+    # A/B/A controls: after the default phase, the same shape with one change switched off by its environment
+    # variable (read by the parent as it makes each job or takes each lock), then with it on again
+    controls = [(args.plain_lock_group, PHASES_ENV, "0", "group_plain_lock", "group_again", 70_000, 500_000),  # timings not a phase
+                (args.fresh_copies_group, FRESH_ENV, "1", "group_fresh_copies", "group_reserved_again", 80_000, 700_000),  # copies into new memory
+                (args.late_data_group, EARLY_DATA_ENV, "0", "group_late_data", "group_early_again", 82_000, 702_000)]  # the whole reference first
+    for wanted, env, value, off_name, on_name, first, salt in controls:
+        if not wanted:
+            continue
+        os.environ[env] = value
         try:
-            phase("group_plain_lock", group_pairs(70_000, run_salt + 500_000))
+            phase(off_name, group_pairs(first, run_salt + salt))
         finally:
-            os.environ.pop(PHASES_ENV, None)
-        phase("group_again", group_pairs(71_000, run_salt + 501_000))
-    if args.fresh_copies_group:  # A/B/A: the outputs' host copies into new memory (the control), then reserved again
-        from opsynth.reward.host_copies import FRESH_ENV
-
-        os.environ[FRESH_ENV] = "1"
-        try:
-            phase("group_fresh_copies", group_pairs(80_000, run_salt + 700_000))
-        finally:
-            os.environ.pop(FRESH_ENV, None)
-        phase("group_reserved_again", group_pairs(81_000, run_salt + 701_000))
-    if args.late_data_group:  # A/B/A: candidates start only on the whole reference (the control), then early again
-        from opsynth.reward.evaluate import EARLY_DATA_ENV
-
-        os.environ[EARLY_DATA_ENV] = "0"
-        try:
-            phase("group_late_data", group_pairs(82_000, run_salt + 702_000))
-        finally:
-            os.environ.pop(EARLY_DATA_ENV, None)
-        phase("group_early_again", group_pairs(83_000, run_salt + 703_000))
+            os.environ.pop(env, None)
+        phase(on_name, group_pairs(first + 1000, run_salt + salt + 1000))
     for k, n in enumerate(int(x) for x in args.ready_sweep.split(",") if x.strip()):  # a repeated count (12,4,12: A/B/A) gets
         name = f"group_r{n}" if f"group_r{n}" not in out["phases"] else f"group_r{n}_{k}"  # its own phase
         phase(name, group_pairs(50_000 + 1000 * k, run_salt + 400_000 + 1000 * k), pcfg=dataclasses.replace(cfg, ready_children=n))
