@@ -211,15 +211,15 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
             handler = _once_timed(handler, ref_rounds, on_timed, job)
         from opsynth.reward import floor
 
-        def early(data: bytes) -> _Reference:
+        def made(data: bytes, log: str = "", **whole) -> _Reference:  # the early form, and what the whole one adds
             meta = (job["output_meta"] or {}).get("trials") or []
-            return _Reference(True, "ok", "", scratch, job, data=data, eager_ms=(cached or {}).get("eager_ms"),
+            return _Reference(True, "ok", log, scratch, job, data=data, eager_ms=(cached or {}).get("eager_ms"),
                               compile_ms=(cached or {}).get("compile_ms"), plan=plan, rounds=ref_rounds,
-                              floor_ms=floor.floor_ms(meta, device), cfg=tcfg, ready_child=parked is not None)
+                              floor_ms=floor.floor_ms(meta, device), cfg=tcfg, ready_child=parked is not None, **whole)
 
         handed: dict = {"data": None}
         if job["early_data"]:
-            handler, handed = _with_data(handler, job, on_data, early)
+            handler, handed = _with_data(handler, job, on_data, made)
         if parked is not None:
             res = parked.child.run(job, cfg.reference_timeout_s, stdin_bytes=plan_bytes, build_handler=handler)
         else:
@@ -253,16 +253,12 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
     facts.warm(outputs, tcfg)  # here, while the candidates build: no candidate's judging waits for it
     phases = {"child_s": round(res.wall_s, 3), "server_wait_s": res.server_wait_s, **(res.data.get("parts") or {}),
               "read_s": round(t_facts - t_read, 3), "facts_s": round(time.perf_counter() - t_facts, 3)}
-    eager_ms, compile_ms = (cached or {}).get("eager_ms"), (cached or {}).get("compile_ms")
     job["output_meta"] = res.data.get("output_meta")
     job["has_second"] = res.data.get("has_second", False)
     job["n_inputs"], job["param_names"] = res.data.get("n_inputs"), res.data.get("param_names")  # a backward step's
     meta = (job["output_meta"] or {}).get("trials") or []
-    return _Reference(True, "ok", res.log, scratch, job, outputs=outputs, data=data, eager_ms=eager_ms, compile_ms=compile_ms,
-                      plan=plan, rounds=ref_rounds, floor_ms=floor.floor_ms(meta, device),
-                      flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device), cfg=tcfg, facts=facts,
-                      rounds_s=res.data.get("rounds_s"), untimed_rounds_s=res.data.get("untimed_rounds_s"),
-                      ready_child=parked is not None, phases=phases)
+    return made(data, res.log, outputs=outputs, flop_bound_ms=floor.flop_bound_ms(res.data.get("flops"), meta, device),
+                facts=facts, rounds_s=res.data.get("rounds_s"), untimed_rounds_s=res.data.get("untimed_rounds_s"), phases=phases)
 
 
 def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: str, scratch: Path, mode: str) -> dict:
@@ -339,10 +335,9 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
                 "reference_ms": _reference_ms(whole)}
 
     full = ref.full  # set on the early form: the timed section and the judging wait for the whole reference
-    pacer = Pacer(None, cfg, device, device_lock_file(cfg, device), ref.plan.warmup, ref.plan.main + ref.plan.extra,
-                  pending=_whole_reference(full, bound)) if full is not None else \
-        Pacer(cfg=cfg, device=device, lock_path=device_lock_file(cfg, device), warmup=ref.plan.warmup,
-              cap_end=ref.plan.main + ref.plan.extra, **bound(ref))
+    known = {"baselines": None, "pending": _whole_reference(full, bound)} if full is not None else bound(ref)
+    pacer = Pacer(cfg=cfg, device=device, lock_path=device_lock_file(cfg, device), warmup=ref.plan.warmup,
+                  cap_end=ref.plan.main + ref.plan.extra, **known)
     rounds = RoundSession(ref.plan, floor_ms=None if "physical_floor" in off else ref.floor_ms,
                           reference=None if "wall_clock" in off else ref.rounds, pacer=pacer,
                           call_floor="call_wall_floor" not in off)
