@@ -358,11 +358,11 @@ def _summary(res) -> dict:
 
 PHASES = ("reference_at_s", "built_at_s", "measure_at_s", "done_at_s",  # the batch timeline (s into it)
           "prebuild_s", "prebuild_wall_s", "setup_s", "prepare_s", "build_s", "instantiate_s", "weights_s", "host_alloc_s", "cuda_init_s", "profiler_init_s", "checks_wait_s", "locked_s", "trials_s", "profiled_s", "harness_warm_s",
-          "timing_wait_s", "rounds_s", "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s", "intervals_s",
+          "timing_wait_s", "rounds_s", "land_s", "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s", "intervals_s",
           "baseline_blocks_s", "baseline_calls_s", "baseline_block_overhead_s", "candidate_stop_s",
           "quiet_window_s", "compile_wait_s", "measure_wall_s", "child_run_s", "save_outputs_s", "judge_s", "judge_read_s", "judge_compare_s", "outputs_mb",
           "round_overhead_ms", "call_overhead_ms", "round_period_ms", "round_periods_s", "round_period_max_ms", "round_period_max_at", "first_round_ms", "pacer_before_rounds_s", "settle_device_s", "reference_rounds_s", "reference_untimed_rounds_s",
-          "reference_outputs_s", "reference_save_s", "reference_data_at_s", "reference_handed_at_s", "reference_all_rounds_s", "reference_flops_s", "reference_channel_s",
+          "reference_outputs_s", "reference_save_s", "reference_data_at_s", "reference_handed_at_s", "reference_all_rounds_s", "reference_land_s", "reference_flops_s", "reference_channel_s",
           "reference_round_overhead_ms", "reference_round_period_ms", "host_ms", "reference_host_ms",
           "call_margin_ms", "call_floor_scale",  # the claims' floor: honest margins calibrate its slack
           "baseline_quiet_wait_ms", "baseline_disturbed_blocks",  # CUDA: waits for an idle device before baseline blocks
@@ -415,6 +415,9 @@ def main() -> None:
                     "the device lock's timings not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again")
     ap.add_argument("--fresh-copies-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
                     "the outputs' host copies into new memory ($OPSYNTH_FRESH_HOST_COPIES=1, the control), then reserved again")
+    ap.add_argument("--copies-in-lock-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
+                    "the outputs copied to the host inside the checks' share and the timing lock ($OPSYNTH_HOLD_OUTPUTS=0, the "
+                    "control), then held on the device until the lock is let go again")
     ap.add_argument("--late-data-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
                     "candidates started only on the whole reference ($OPSYNTH_EARLY_REFERENCE_DATA=0, the control), then early again")
     ap.add_argument("--ready-sweep", default="", help="after the GRPO-shaped phase (and its sweep), the same shape again "
@@ -578,13 +581,14 @@ def main() -> None:
     for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):
         phase(f"group_w{n}", group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
     from opsynth.reward.evaluate import EARLY_DATA_ENV
-    from opsynth.reward.host_copies import FRESH_ENV
+    from opsynth.reward.host_copies import FRESH_ENV, HOLD_ENV
     from opsynth.runtime.device_lock import PHASES_ENV
 
     # A/B/A controls: after the default phase, the same shape with one change switched off by its environment
     # variable (read by the parent as it makes each job or takes each lock), then with it on again
     controls = [(args.plain_lock_group, PHASES_ENV, "0", "group_plain_lock", "group_again", 70_000, 500_000),  # timings not a phase
                 (args.fresh_copies_group, FRESH_ENV, "1", "group_fresh_copies", "group_reserved_again", 80_000, 700_000),  # copies into new memory
+                (args.copies_in_lock_group, HOLD_ENV, "0", "group_copies_in_lock", "group_held_again", 84_000, 704_000),  # copies inside the lock
                 (args.late_data_group, EARLY_DATA_ENV, "0", "group_late_data", "group_early_again", 82_000, 702_000)]  # the whole reference first
     for wanted, env, value, off_name, on_name, first, salt in controls:
         if not wanted:

@@ -181,7 +181,8 @@ def _prepare(job) -> types.SimpleNamespace:
         timing=timing, rounds=rounds, timed_inputs=timed_inputs, snapshot=snapshot, off=off, cstate=cstate,
         l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, write_outputs=write_outputs, clone=_clone, sync=_sync,
         info=info, check_harness=_harness_checker(snapshot, off), hooks_changed=snapshot.hooks_changed, model=None, guarded=None,
-        protected=set(), poisoned=set(), reused=[], host=host_copies.HostCopies(torch, pin=cuda),
+        protected=set(), poisoned=set(), reused=[],
+        host=host_copies.HostCopies(torch, pin=cuda, hold_bytes=host_copies.HOLD_BYTES if cuda and job.get("hold_copies") else 0),
     )
 
 
@@ -366,7 +367,7 @@ def _sync_checked(ctx, where: str):
 
 
 def _call_checked(ctx, args, meta, where):
-    """One audited forward with every dynamic check; returns a CPU copy of the outputs."""
+    """One audited forward with every dynamic check; returns a copy of the outputs (`HostCopies.keep`)."""
     torch, audit, device, cuda, _clone = ctx.torch, ctx.audit, ctx.device, ctx.cuda, ctx.clone
     pristine = [_clone(a) if isinstance(a, torch.Tensor) else a for a in args]
     _poison(torch, meta, device)
@@ -413,7 +414,7 @@ def _call_checked(ctx, args, meta, where):
         if isinstance(a, torch.Tensor) and not _same_bits(torch, p, a):
             raise Reject("input_mutated", f"{where}: forward modified its input in place")
     _poison_outputs(ctx, outs)
-    return ctx.host.take(early)
+    return ctx.host.keep(early, cloned=True)  # on the device until the lock is let go, where the budget allows
 
 
 def _start_profiler(torch) -> None:
@@ -559,7 +560,7 @@ def _timed_rounds(ctx, job, buffers, contents, timer, stacked) -> tuple[dict, in
             t0 = time.perf_counter()
             kept, fps = rounds.run_rounds(ctx.guarded, buffers, stacked, timer, chan, first,
                                           fresh="fresh_inputs" not in off, trials=contents, before_call=before_call,
-                                          check_call=check_call, after_report=poison_outputs, keep_into=ctx.host.take)
+                                          check_call=check_call, after_report=poison_outputs, keep_into=ctx.host.keep)
             t1 = time.perf_counter()
             rep = chan.request({"kind": "timing_done"})
             info["rounds_run_s"] = round(info["rounds_run_s"] + t1 - t0, 4)
@@ -685,6 +686,11 @@ def measure(job) -> dict:
             kept, timed_calls = timed_rounds(ctx, job, buffers, contents, timer, stacked)
             lock.close()
             t_end = time.perf_counter()
+            # The copies held on the device reach the host now, with the device no longer held
+            host = ctx.host
+            trial_outs, second_outs = [host.land(o) for o in trial_outs], host.land(second_outs)
+            kept = {j: host.land(o) for j, o in kept.items()}
+            info["land_s"], info["held_copies"] = round(time.perf_counter() - t_end, 3), host.held
             # locked_s: holding the device to itself (the timed rounds, with the parent's baseline
             # blocks between them); the checked trials and the profiled call share the device
             info["locked_s"] = info["rounds_s"] = round(t_end - t_locked, 3)

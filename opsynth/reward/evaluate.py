@@ -44,7 +44,7 @@ from opsynth.render.task_file import check_mode, task_kind, tolerance
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
 from opsynth.reward.builds import build_service
 from opsynth.reward.eval_types import EvalResult, RewardConfig, device_env, device_lock_file, reward_from_times
-from opsynth.reward.host_copies import reserved_copies
+from opsynth.reward.host_copies import held_copies, reserved_copies
 
 __all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
 
@@ -190,7 +190,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         "init_path": str(scratch / "init.pt"),
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": device_lock_file(cfg, device),
-        "host_copies": reserved_copies(),
+        "host_copies": reserved_copies(), "hold_copies": held_copies(),
         "early_data": on_data is not None and os.environ.get(EARLY_DATA_ENV, "1") != "0",
     }
     from opsynth.reward.rounds import RoundSession, TimingPlan, session_handler
@@ -294,7 +294,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
                 "timing": ref.job["timing"],
                 "flush_l2": cfg.flush_l2,
                 "disabled_guards": list(cfg.disabled_guards),
-                "host_copies": reserved_copies(),
+                "host_copies": reserved_copies(), "hold_copies": held_copies(),
             }
         )
     return job
@@ -380,6 +380,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         for k in ("prepare_s", "instantiate_s", "weights_s", "host_alloc_s", "host_pinned",  # parts of setup_s
                   "cuda_init_s", "profiler_init_s", "checks_wait_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
                   "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s",  # parts of rounds_s (the child's clock)
+                  "land_s", "held_copies",  # the copies held on the device brought to the host, after the lock
                   "save_outputs_s"):  # writing the outputs into their channel, after the lock
             if res.data.get(k) is not None:
                 times[k] = res.data[k]

@@ -7,6 +7,11 @@ in as it goes, which under gVisor made one kept round of 80 MB of outputs take a
 a median round of 2.1 ms on an H100 (2026-12-07): half of a candidate's locked time. Here the
 destinations are allocated ahead, while nothing is locked: page-locked on CUDA where the driver
 allows it (the copy is then one DMA), else written once so that their pages are in.
+
+On CUDA a copy need not reach the host inside those sections at all: `keep` clones the outputs on
+the device (a fraction of a millisecond) and `land` copies the clones to the host once the timing
+lock is let go, where the copy delays no other candidate, only this child's own end. Up to a budget
+of device memory per child (`HOLD_BYTES`); beyond it a copy goes to the host at once.
 """
 
 from __future__ import annotations
@@ -16,6 +21,17 @@ import os
 # "1": every copy into new memory, as before (the benchmark's control, `reward_throughput.py
 # --fresh-copies-group`); read by the parent when it makes a child's job
 FRESH_ENV = "OPSYNTH_FRESH_HOST_COPIES"
+
+
+# "0": every copy to the host at once, inside the checks' share and the timing lock (the control,
+# `reward_throughput.py --copies-in-lock-group`); read by the parent when it makes a child's job
+HOLD_ENV = "OPSYNTH_HOLD_OUTPUTS"
+HOLD_BYTES = 2 << 30  # device memory one child's held copies may take (a task's trials and kept rounds: ~0.6 GB at most seen)
+
+
+def held_copies() -> bool:
+    """Whether CUDA children hold their outputs' copies on the device until the lock is let go."""
+    return os.environ.get(HOLD_ENV, "1") != "0"
 
 
 def reserved_copies() -> bool:
@@ -40,11 +56,14 @@ class HostCopies:
     layout, or into new memory when none is left or the layout was not expected (a wrong shape is the
     parent's verdict to give, not this helper's)."""
 
-    def __init__(self, torch, pin: bool):
+    def __init__(self, torch, pin: bool, hold_bytes: int = 0):
         self.torch, self.pin = torch, pin
         self.free: dict[tuple, list[list]] = {}
         self.pinned: bool | None = None  # whether page-locked memory was had (None: nothing reserved yet)
-        self.taken = self.fallbacks = 0
+        self.taken = self.fallbacks = self.held = 0
+        self.hold_left = hold_bytes  # device memory `keep` may still hold copies in (0: none, copies go to the host)
+        # bound now, before a candidate's code runs in this process (it could rebind the methods later)
+        self._clone, self._copy = torch.Tensor.clone, torch.Tensor.copy_
 
     def _empty(self, shape, dtype):
         torch = self.torch
@@ -77,6 +96,24 @@ class HostCopies:
             return fresh_copy(outs)
         dst = sets.pop()
         for d, o in zip(dst, outs):
-            d.copy_(o.detach())
+            self._copy(d, o.detach())
         self.taken += 1
         return dst
+
+    def keep(self, outs, cloned: bool = False) -> list:
+        """The copy of a call's outputs the parent will judge: clones on the device while the hold
+        budget lasts (`land` brings them to the host later), else a host copy now (`take`).
+        `cloned`: `outs` are the harness's own clones already (kept as they are)."""
+        outs = list(outs)
+        size = sum(o.numel() * o.element_size() for o in outs)
+        if not outs or size > self.hold_left or any(o.device.type == "cpu" for o in outs):
+            return self.take(outs)
+        self.hold_left -= size
+        self.held += 1
+        return outs if cloned else [self._clone(o.detach()) for o in outs]
+
+    def land(self, outs):
+        """Held copies on the host (into reserved sets, `take`); host copies and None as they are."""
+        if outs is None or all(o.device.type == "cpu" for o in outs):
+            return outs
+        return self.take(outs)

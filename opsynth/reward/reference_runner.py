@@ -57,7 +57,7 @@ def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, output
 
     from opsynth.runtime import child
     from opsynth.reward.guards import poison_fill
-    from opsynth.reward.host_copies import HostCopies
+    from opsynth.reward.host_copies import HOLD_BYTES, HostCopies
     from opsynth.reward.rounds import Channel, run_rounds, untimed_rounds
     from opsynth.reward.timed_inputs import stack_trials, tolerance
     from opsynth.runtime.timing import Timer
@@ -80,14 +80,16 @@ def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, output
         scale[j] = tolerance(outs, atol, rtol)
 
     # The kept rounds' host copies go to memory allocated here, before the lock (`host_copies`)
-    host = HostCopies(torch, pin=device == "cuda")
+    host = HostCopies(torch, pin=device == "cuda", hold_bytes=HOLD_BYTES if device == "cuda" and job.get("hold_copies") else 0)
     if job.get("host_copies", True):  # False: new memory (a control)
         host.reserve([[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outputs0], len(plan.get("keep") or ()))
     with device_lock(job), torch.no_grad():
         t0 = time.perf_counter()
-        kept, fps = run_rounds(call, buffers, stacked, timer, chan, 0, after_report=poison, own_work=tol, keep_into=host.take)
+        kept, fps = run_rounds(call, buffers, stacked, timer, chan, 0, after_report=poison, own_work=tol, keep_into=host.keep)
         chan.request({"kind": "timing_done"})
         t1 = time.perf_counter()
+    kept = {j: host.land(o) for j, o in kept.items()}  # held on the device until the lock was let go
+    land_s = time.perf_counter() - t1
     keys: dict = {}
     if len(fps) < len(seeds):
         with device_checks(job), torch.no_grad():
@@ -95,7 +97,8 @@ def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, output
             fps.update(more)
     t2 = time.perf_counter()
     rounds = [{"fp": fps[j], "scale": scale[j], **({"key": keys[j]} if j in keys else {})} for j in range(len(seeds))]
-    times = {"rounds_s": round(t1 - t0, 3), "timing_wait_s": round(t0 - t_lock, 3), "untimed_rounds_s": round(t2 - t1, 3)}
+    times = {"rounds_s": round(t1 - t0, 3), "timing_wait_s": round(t0 - t_lock, 3), "land_s": round(land_s, 3),
+             "untimed_rounds_s": round(t2 - t1 - land_s, 3)}
     return {"rounds": rounds, "round_outputs": kept}, times
 
 
@@ -181,7 +184,7 @@ def _run(job: dict) -> dict:
     # Where the child's time goes (diagnostics): the task and its outputs, the rounds (timed and untimed), the
     # flop count, the candidates' data saved, the outputs into the parent's channel
     parts = {"outputs_s": t_save - t0, "save_s": save_s, "data_at_s": t1 - t0, "all_rounds_s": t2 - t1, "flops_s": t3 - t2,
-             "channel_s": time.perf_counter() - t4}
+             "channel_s": time.perf_counter() - t4, "land_s": round_times.pop("land_s", 0.0)}  # land_s: part of all_rounds_s
     return {
         "reason": "ok",
         "parts": {k: round(v, 3) for k, v in parts.items()},

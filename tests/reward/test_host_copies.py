@@ -58,3 +58,28 @@ def test_the_fallback_copies_on_the_cpu_backend_too():
     (y,) = fresh_copy([x])
     x.fill_(1)
     assert not torch.equal(x, y)
+
+
+def test_outputs_on_the_host_are_copied_at_once_whatever_the_hold_budget():
+    outs = _outs()  # the cpu backend's outputs: nothing to hold on a device
+    host = HostCopies(torch, pin=False, hold_bytes=1 << 30)
+    host.reserve(_meta(outs), 1)
+    got = host.keep(outs)
+    outs[0].fill_(0)
+    assert not torch.equal(got[0], outs[0]) and host.held == 0 and host.taken == 1
+    assert host.land(got) is got and host.land(None) is None
+
+
+def test_device_outputs_are_held_as_clones_within_the_budget_then_go_to_the_host(monkeypatch):
+    # "meta" stands for a GPU here: tensors that are not on the host
+    outs = [torch.empty(256, 256, device="meta"), torch.empty(10, device="meta")]
+    size = sum(o.numel() * o.element_size() for o in outs)
+    host = HostCopies(torch, pin=False, hold_bytes=2 * size)
+    sent = []
+    monkeypatch.setattr(host, "take", lambda o: sent.append(o) or ["host copy"])
+    held = host.keep(outs)
+    assert [h.device.type for h in held] == ["meta", "meta"] and held[0] is not outs[0]  # clones, not the call's buffers
+    assert host.keep(outs, cloned=True)[0] is outs[0]  # the harness's own clones are kept as they are
+    assert (host.held, host.hold_left, sent) == (2, 0, [])
+    assert host.keep(outs) == ["host copy"] and len(sent) == 1  # the budget spent: to the host at once
+    assert host.land(held) == ["host copy"] and len(sent) == 2  # after the lock: the held ones to the host
