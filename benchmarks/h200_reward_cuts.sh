@@ -16,7 +16,7 @@
 # THROUGHPUT_ARGS="--warmup-sweep 5,3": after the GRPO-shaped phase, the same shape with 5 and then 3 warm-up rounds
 # (10 by default on cuda) inside each candidate's locked section, the GRPO-shaped floor (about 16 s each).
 # THROUGHPUT_ARGS="--skip-distinct --fresh-copies-group --late-data-group": after the GRPO-shaped phase, A/B/A of the outputs'
-# host copies into reserved memory ($OPSYNTH_FRESH_HOST_COPIES=1 is the control) and of candidates started on the
+# host copies into reserved memory ($OPSYNTH_HOST_COPIES=fresh is the control) and of candidates started on the
 # reference's data ($OPSYNTH_EARLY_REFERENCE_DATA=0 is the control), about 25 s a phase (2026-12-07, fourth session).
 # Results in $OUT: probes.log, cuda_ipc_probe.json, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
 set -uo pipefail

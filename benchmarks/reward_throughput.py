@@ -414,7 +414,9 @@ def main() -> None:
     ap.add_argument("--plain-lock-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
                     "the device lock's timings not a phase ($OPSYNTH_LOCK_PHASES=0, the control), then with them again")
     ap.add_argument("--fresh-copies-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
-                    "the outputs' host copies into new memory ($OPSYNTH_FRESH_HOST_COPIES=1, the control), then reserved again")
+                    "the outputs' host copies into new memory ($OPSYNTH_HOST_COPIES=fresh, the control), then reserved again")
+    ap.add_argument("--pageable-copies-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
+                    "the outputs' host copies reserved pageable ($OPSYNTH_HOST_COPIES=pageable), then page-locked again")
     ap.add_argument("--copies-in-lock-group", action="store_true", help="after the GRPO-shaped phase, the same shape with "
                     "the outputs copied to the host inside the checks' share and the timing lock ($OPSYNTH_HOLD_OUTPUTS=0, the "
                     "control), then held on the device until the lock is let go again")
@@ -581,13 +583,14 @@ def main() -> None:
     for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):
         phase(f"group_w{n}", group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
     from opsynth.reward.evaluate import EARLY_DATA_ENV
-    from opsynth.reward.host_copies import FRESH_ENV, HOLD_ENV
+    from opsynth.reward.host_copies import HOLD_ENV, MODE_ENV
     from opsynth.runtime.device_lock import PHASES_ENV
 
     # A/B/A controls: after the default phase, the same shape with one change switched off by its environment
     # variable (read by the parent as it makes each job or takes each lock), then with it on again
     controls = [(args.plain_lock_group, PHASES_ENV, "0", "group_plain_lock", "group_again", 70_000, 500_000),  # timings not a phase
-                (args.fresh_copies_group, FRESH_ENV, "1", "group_fresh_copies", "group_reserved_again", 80_000, 700_000),  # copies into new memory
+                (args.fresh_copies_group, MODE_ENV, "fresh", "group_fresh_copies", "group_reserved_again", 80_000, 700_000),  # copies into new memory
+                (args.pageable_copies_group, MODE_ENV, "pageable", "group_pageable_copies", "group_pinned_again", 86_000, 706_000),  # not page-locked
                 (args.copies_in_lock_group, HOLD_ENV, "0", "group_copies_in_lock", "group_held_again", 84_000, 704_000),  # copies inside the lock
                 (args.late_data_group, EARLY_DATA_ENV, "0", "group_late_data", "group_early_again", 82_000, 702_000)]  # the whole reference first
     for wanted, env, value, off_name, on_name, first, salt in controls:

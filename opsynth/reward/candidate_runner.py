@@ -182,7 +182,7 @@ def _prepare(job) -> types.SimpleNamespace:
         l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, write_outputs=write_outputs, clone=_clone, sync=_sync,
         info=info, check_harness=_harness_checker(snapshot, off), hooks_changed=snapshot.hooks_changed, model=None, guarded=None,
         protected=set(), poisoned=set(), reused=[],
-        host=host_copies.HostCopies(torch, pin=cuda, hold_bytes=host_copies.HOLD_BYTES if cuda and job.get("hold_copies") else 0),
+        host=host_copies.for_job(torch, job, cuda),
     )
 
 
@@ -494,7 +494,7 @@ def _reserve_host_copies(ctx, job, data) -> None:
     """The host memory the outputs' copies go to (every trial's, the second shape's, the kept timed
     rounds'), allocated now, before the device is shared or locked (`host_copies`)."""
     t0 = time.perf_counter()
-    meta = (job.get("output_meta") or {}) if job.get("host_copies", True) else {}  # False: new memory (a control)
+    meta = job.get("output_meta") or {}
     ctx.host.reserve(meta.get("trials"), len(data.get("trials") or ()) + ctx.rounds.KEEP)
     if job.get("has_second") and data.get("second") is not None:
         ctx.host.reserve(meta.get("second"), 1)

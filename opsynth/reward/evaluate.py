@@ -44,7 +44,7 @@ from opsynth.render.task_file import check_mode, task_kind, tolerance
 from opsynth.reward.candidate import CandidateSpec, extract_candidate, resolve_candidate
 from opsynth.reward.builds import build_service
 from opsynth.reward.eval_types import EvalResult, RewardConfig, device_env, device_lock_file, reward_from_times
-from opsynth.reward.host_copies import held_copies, reserved_copies
+from opsynth.reward import host_copies
 
 __all__ = ["evaluate", "evaluate_many", "extract_candidate", "EvalResult", "RewardConfig"]
 
@@ -190,7 +190,7 @@ def _prepare_reference(task_code: str, cfg: RewardConfig, device: str, task_mode
         "init_path": str(scratch / "init.pt"),
         "result_path": str(scratch / "ref_result.json"),
         "device_lock": device_lock_file(cfg, device),
-        "host_copies": reserved_copies(), "hold_copies": held_copies(),
+        **host_copies.job_settings(),
         "early_data": on_data is not None and os.environ.get(EARLY_DATA_ENV, "1") != "0",
     }
     from opsynth.reward.rounds import RoundSession, TimingPlan, session_handler
@@ -294,7 +294,7 @@ def _candidate_job(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, devi
                 "timing": ref.job["timing"],
                 "flush_l2": cfg.flush_l2,
                 "disabled_guards": list(cfg.disabled_guards),
-                "host_copies": reserved_copies(), "hold_copies": held_copies(),
+                **host_copies.job_settings(),
             }
         )
     return job

@@ -18,25 +18,32 @@ from __future__ import annotations
 
 import os
 
-# "1": every copy into new memory, as before (the benchmark's control, `reward_throughput.py
-# --fresh-copies-group`); read by the parent when it makes a child's job
-FRESH_ENV = "OPSYNTH_FRESH_HOST_COPIES"
-
-
+# Where the copies go (read by the parent as it makes each child's job, `job_settings`): "pinned" (the
+# default: reserved ahead, page-locked on CUDA where the driver allows), "pageable" (reserved ahead,
+# pageable, its pages written once), "fresh" (new memory at each copy, as before: a control). The
+# benchmark's A/B/A controls: `reward_throughput.py --fresh-copies-group`, `--pageable-copies-group`.
+MODE_ENV = "OPSYNTH_HOST_COPIES"
+MODES = ("pinned", "pageable", "fresh")
 # "0": every copy to the host at once, inside the checks' share and the timing lock (the control,
-# `reward_throughput.py --copies-in-lock-group`); read by the parent when it makes a child's job
+# `reward_throughput.py --copies-in-lock-group`)
 HOLD_ENV = "OPSYNTH_HOLD_OUTPUTS"
 HOLD_BYTES = 2 << 30  # device memory one child's held copies may take (a task's trials and kept rounds: ~0.6 GB at most seen)
 
 
-def held_copies() -> bool:
-    """Whether CUDA children hold their outputs' copies on the device until the lock is let go."""
-    return os.environ.get(HOLD_ENV, "1") != "0"
+def job_settings() -> dict:
+    """The copies' settings a child's job carries (the parent's side): {"host_copies": a mode,
+    "hold_copies": whether CUDA children hold their copies on the device until the lock is let go}."""
+    mode = os.environ.get(MODE_ENV, "pinned")
+    if mode not in MODES:
+        raise ValueError(f"${MODE_ENV}={mode!r}: one of {', '.join(MODES)}")
+    return {"host_copies": mode, "hold_copies": os.environ.get(HOLD_ENV, "1") != "0"}
 
 
-def reserved_copies() -> bool:
-    """Whether children reserve their copies' memory ahead (the parent's side, into the job)."""
-    return os.environ.get(FRESH_ENV, "0") != "1"
+def for_job(torch, job: dict, cuda: bool) -> "HostCopies":
+    """A child's copies as its job says (`job_settings`), on CUDA or the CPU backend (nothing to pin or hold)."""
+    mode = job.get("host_copies", "pinned")
+    return HostCopies(torch, pin=cuda and mode == "pinned", hold_bytes=HOLD_BYTES if cuda and job.get("hold_copies") else 0,
+                      reserving=mode != "fresh")
 
 
 def _layout(outs) -> tuple:
@@ -56,8 +63,8 @@ class HostCopies:
     layout, or into new memory when none is left or the layout was not expected (a wrong shape is the
     parent's verdict to give, not this helper's)."""
 
-    def __init__(self, torch, pin: bool, hold_bytes: int = 0):
-        self.torch, self.pin = torch, pin
+    def __init__(self, torch, pin: bool, hold_bytes: int = 0, reserving: bool = True):
+        self.torch, self.pin, self.reserving = torch, pin, reserving  # reserving False: `reserve` does nothing (a control)
         self.free: dict[tuple, list[list]] = {}
         self.pinned: bool | None = None  # whether page-locked memory was had (None: nothing reserved yet)
         self.taken = self.fallbacks = self.held = 0
@@ -82,7 +89,7 @@ class HostCopies:
         return t
 
     def reserve(self, meta, count: int) -> None:
-        if not meta or count <= 0:
+        if not meta or count <= 0 or not self.reserving:
             return
         layout = tuple((tuple(int(d) for d in shape), str(dtype)) for shape, dtype in meta)
         for _ in range(count):

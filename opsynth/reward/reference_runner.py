@@ -44,7 +44,7 @@ def _hand_data_over(facts: dict) -> None:
     Channel(child.BUILD_FD).request({"kind": "reference_data", **facts})
 
 
-def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, outputs0: list) -> tuple[dict, dict]:
+def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, outputs0: list, host) -> tuple[dict, dict]:
     """The reference side of the timed rounds (opsynth.reward.rounds): for every round's fresh
     inputs, Model's fingerprints and their tolerance; in full for the kept rounds. The rounds every
     candidate's main pass may run go through the rounds protocol with the device to itself, the same
@@ -52,12 +52,12 @@ def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, output
     pass over each output candidates' rounds do not make, are reported as the reference's own work
     and taken out of it). The rounds only a longer pass or a re-measure can reach come after, with
     the device shared with other checks and nothing clocking them (`untimed_rounds`). `outputs0`: the
-    first trial's outputs, the layout of every round's. Returns the rounds and the seconds of each part."""
+    first trial's outputs, the layout of every round's; `host`: the child's `host_copies.HostCopies`.
+    Returns the rounds and the seconds of each part."""
     import torch
 
     from opsynth.runtime import child
     from opsynth.reward.guards import poison_fill
-    from opsynth.reward.host_copies import HOLD_BYTES, HostCopies
     from opsynth.reward.rounds import Channel, run_rounds, untimed_rounds
     from opsynth.reward.timed_inputs import stack_trials, tolerance
     from opsynth.runtime.timing import Timer
@@ -80,9 +80,7 @@ def _timed_rounds(job: dict, call, trials: list, plan: dict, device: str, output
         scale[j] = tolerance(outs, atol, rtol)
 
     # The kept rounds' host copies go to memory allocated here, before the lock (`host_copies`)
-    host = HostCopies(torch, pin=device == "cuda", hold_bytes=HOLD_BYTES if device == "cuda" and job.get("hold_copies") else 0)
-    if job.get("host_copies", True):  # False: new memory (a control)
-        host.reserve([[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outputs0], len(plan.get("keep") or ()))
+    host.reserve([[list(o.shape), str(o.dtype).replace("torch.", "")] for o in outputs0], len(plan.get("keep") or ()))
     with device_lock(job), torch.no_grad():
         t0 = time.perf_counter()
         kept, fps = run_rounds(call, buffers, stacked, timer, chan, 0, after_report=poison, own_work=tol, keep_into=host.keep)
@@ -149,7 +147,12 @@ def _run(job: dict) -> dict:
         except Exception:
             traceback.print_exc()
             return {"reason": "task_error"}
-        out = _outputs(job, mod, model, kind, call, device, source)
+        # On CUDA the outputs stay on the device (clones) until after the timed rounds: their copy to
+        # the host is then off the path to the candidates' data (`host_copies`)
+        from opsynth.reward import host_copies
+
+        host = host_copies.for_job(torch, job, device == "cuda")
+        out = _outputs(job, mod, model, kind, call, device, source, host.keep if host.hold_left else _to_cpu)
     if "reason" in out:
         return out
     trials, outputs, second_inputs, second_outputs = out["trials"], out["outputs"], out["second_inputs"], out["second_outputs"]
@@ -172,19 +175,22 @@ def _run(job: dict) -> dict:
         _hand_data_over(facts)
     plan = _read_plan()
     t1 = time.perf_counter()
-    rounds, round_times = _timed_rounds(job, call, trials, plan, device, outputs[0]) if plan else (None, {})
+    rounds, round_times = _timed_rounds(job, call, trials, plan, device, outputs[0], host) if plan else (None, {})
     t2 = time.perf_counter()
     with device_checks(job):
         flops = _flops(model, trials[0][:n_inputs] if kind.backward else trials[0], device)
     t3 = time.perf_counter()
     from opsynth.reward.outputs_file import channel_writer
 
+    t_land = time.perf_counter()
+    outputs, second_outputs = [host.land(o) for o in outputs], host.land(second_outputs)
     t4 = time.perf_counter()
     channel_writer(torch.save)({"trials": outputs, "second": second_outputs, **(rounds or {})})  # the parent's channel, no file
     # Where the child's time goes (diagnostics): the task and its outputs, the rounds (timed and untimed), the
     # flop count, the candidates' data saved, the outputs into the parent's channel
     parts = {"outputs_s": t_save - t0, "save_s": save_s, "data_at_s": t1 - t0, "all_rounds_s": t2 - t1, "flops_s": t3 - t2,
-             "channel_s": time.perf_counter() - t4, "land_s": round_times.pop("land_s", 0.0)}  # land_s: part of all_rounds_s
+             "channel_s": time.perf_counter() - t4, "land_s": round_times.pop("land_s", 0.0),  # land_s: part of all_rounds_s
+             "outputs_land_s": t4 - t_land}
     return {
         "reason": "ok",
         "parts": {k: round(v, 3) for k, v in parts.items()},
@@ -194,8 +200,9 @@ def _run(job: dict) -> dict:
     }
 
 
-def _outputs(job: dict, mod, model, kind, call, device: str, source: str) -> dict:
-    """The reference's outputs for each trial's inputs and for the second shape (checked work)."""
+def _outputs(job: dict, mod, model, kind, call, device: str, source: str, keep=_to_cpu) -> dict:
+    """The reference's outputs for each trial's inputs and for the second shape (checked work), each
+    through `keep` (to the host; or `HostCopies.keep`, held on the device)."""
     import torch
 
     from opsynth.render.task_file import load_task_module, with_second_shape
@@ -210,7 +217,7 @@ def _outputs(job: dict, mod, model, kind, call, device: str, source: str) -> dic
                 return {"reason": "task_error", "error": "a gradient of Model does not exist" if kind.backward
                         else "Model output is not tensors"}
             trials.append(_to_cpu(inputs))
-            outputs.append(_to_cpu(out))
+            outputs.append(keep(out))
         second_inputs = second_outputs = None
         if job.get("second_shape"):
             src2 = with_second_shape(source)
@@ -218,7 +225,7 @@ def _outputs(job: dict, mod, model, kind, call, device: str, source: str) -> dic
                 mod2 = load_task_module(src2, "task_module_second")
                 inputs = call_args(mod2, model, kind, int(job["second_seed"]), device)
                 second_inputs = _to_cpu(inputs)
-                second_outputs = _to_cpu(as_output_list(call(*inputs)))
+                second_outputs = keep(as_output_list(call(*inputs)))
     return {"trials": trials, "outputs": outputs, "second_inputs": second_inputs, "second_outputs": second_outputs}
 
 

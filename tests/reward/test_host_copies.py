@@ -1,5 +1,6 @@
 """Host copies of outputs go to memory reserved before the device is locked (opsynth.reward.host_copies)."""
 
+import pytest
 import torch
 
 from opsynth.reward.host_copies import HostCopies, fresh_copy
@@ -83,3 +84,24 @@ def test_device_outputs_are_held_as_clones_within_the_budget_then_go_to_the_host
     assert (host.held, host.hold_left, sent) == (2, 0, [])
     assert host.keep(outs) == ["host copy"] and len(sent) == 1  # the budget spent: to the host at once
     assert host.land(held) == ["host copy"] and len(sent) == 2  # after the lock: the held ones to the host
+
+
+def test_the_job_carries_the_copies_settings_and_a_typo_is_an_error(monkeypatch):
+    from opsynth.reward import host_copies
+
+    monkeypatch.delenv(host_copies.MODE_ENV, raising=False)
+    monkeypatch.delenv(host_copies.HOLD_ENV, raising=False)
+    assert host_copies.job_settings() == {"host_copies": "pinned", "hold_copies": True}
+    monkeypatch.setenv(host_copies.MODE_ENV, "fresh")
+    monkeypatch.setenv(host_copies.HOLD_ENV, "0")
+    job = host_copies.job_settings()
+    cuda = host_copies.for_job(torch, job, cuda=True)
+    assert (cuda.pin, cuda.hold_left, cuda.reserving) == (False, 0, False)
+    cuda.reserve(_meta(_outs()), 2)
+    assert cuda.free == {}  # the control: every copy into new memory
+    assert host_copies.for_job(torch, {"host_copies": "pinned", "hold_copies": True}, cuda=True).pin
+    cpu = host_copies.for_job(torch, {"host_copies": "pinned", "hold_copies": True}, cuda=False)
+    assert (cpu.pin, cpu.hold_left, cpu.reserving) == (False, 0, True)  # nothing to pin or hold on the cpu backend
+    monkeypatch.setenv(host_copies.MODE_ENV, "pined")
+    with pytest.raises(ValueError, match="pinned, pageable, fresh"):
+        host_copies.job_settings()
