@@ -18,6 +18,10 @@
 # THROUGHPUT_ARGS="--skip-distinct --fresh-copies-group --late-data-group": after the GRPO-shaped phase, A/B/A of the outputs'
 # host copies into reserved memory ($OPSYNTH_HOST_COPIES=fresh is the control) and of candidates started on the
 # reference's data ($OPSYNTH_EARLY_REFERENCE_DATA=0 is the control), about 25 s a phase (2026-12-07, fourth session).
+# THROUGHPUT_ARGS="--skip-distinct --copies-in-lock-group --late-data-group": A/B/A of the outputs' copies held on the device
+# until the lock is let go ($OPSYNTH_HOLD_OUTPUTS=0 copies inside the checks' share and the lock, the control), and of the
+# early data; "--pageable-copies-group --fresh-copies-group": the host memory the copies land in (2026-12-07, fifth session).
+# D2H=1: first benchmarks/d2h_probe.py (about 40 s): fresh, pre-touched and page-locked copies to the host, plain and namespaced.
 # Results in $OUT: probes.log, cuda_ipc_probe.json, cli_eval_kb_h200.json/.log, reward_throughput_auto.json/.log, gpu_name.txt.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -25,6 +29,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 HF_
 [ -x .tools/ccache/ccache ] && export OPSYNTH_CCACHE=$PWD/.tools/ccache/ccache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu_name.txt"
+if [ "${D2H:-0}" != 0 ]; then
+  timeout 60 python3 benchmarks/d2h_probe.py --out "$OUT/d2h_probe.json" > "$OUT/d2h_probe.log" 2>&1; echo "d2h_probe rc=$?"; cat "$OUT/d2h_probe.log"
+fi
 # 0. Probes (about 30 s): the fork servers' imports (full, light), and the outputs channel on this kernel
 #    (a memfd sealed and mapped: the reward's judging depends on it; where it cannot seal, a copy is judged).
 if [ "${PROBES:-1}" != 0 ]; then  # PROBES=0: skip them (measured on 2026-12-05 and 12-06)
