@@ -510,15 +510,29 @@ def _warm_harness(ctx, job, buffers, contents, trial_outs) -> tuple:
     candidate's forward does not. The H200's first timed round took about 150 ms against a median
     2.5 ms a round (2026-12-04b), the CPU's 30-40 ms against 9. Returns (timer, stacked)."""
     torch, rounds, timed_inputs = ctx.torch, ctx.rounds, ctx.timed_inputs
+    parts, last = {}, [time.perf_counter()]
+
+    def part(name):  # where the warm-up goes (diagnostics), each part synchronised
+        ctx.sync()
+        now = time.perf_counter()
+        parts[name] = round(now - last[0], 4)
+        last[0] = now
+
     timer = ctx.timing.Timer(ctx.device, job.get("flush_l2", True))
     ctx.snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
+    part("timer")
     stacked = timed_inputs.stack_trials(contents)
+    part("stack")
     with rounds.harness_ops():
         if "fresh_inputs" not in ctx.off:
             timed_inputs.fresh_inputs(buffers, stacked, 0)
+        part("fresh_inputs")
         outs = [t.to(ctx.device) for t in (trial_outs[0] if trial_outs else []) if isinstance(t, torch.Tensor)]
         timed_inputs.fingerprints_and_key(outs, buffers)
+        part("fingerprint")
         timer.time_call(lambda: None, ())
+        part("time_call")
+    ctx.info["harness_warm_parts"] = parts
     return timer, stacked
 
 
