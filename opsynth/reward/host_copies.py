@@ -11,7 +11,8 @@ allows it (the copy is then one DMA), else written once so that their pages are 
 On CUDA a copy need not reach the host inside those sections at all: `keep` clones the outputs on
 the device (a fraction of a millisecond) and `land` copies the clones to the host once the timing
 lock is let go, where the copy delays no other candidate, only this child's own end. Up to a budget
-of device memory per child (`HOLD_BYTES`); beyond it a copy goes to the host at once.
+of device memory per child (`HOLD_BYTES`); beyond it, or when the device has no memory left for a
+clone, a copy goes to the host at once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ MODES = ("pinned", "pageable", "fresh")
 # "0": every copy to the host at once, inside the checks' share and the timing lock (the control,
 # `reward_throughput.py --copies-in-lock-group`)
 HOLD_ENV = "OPSYNTH_HOLD_OUTPUTS"
-HOLD_BYTES = 2 << 30  # device memory one child's held copies may take (a task's trials and kept rounds: ~0.6 GB at most seen)
+HOLD_BYTES = 1 << 30  # device memory one child's held copies may take (the benchmark's tasks: 0.64 GB of trials and kept rounds)
 
 
 def job_settings() -> dict:
@@ -115,9 +116,15 @@ class HostCopies:
         size = sum(o.numel() * o.element_size() for o in outs)
         if not outs or size > self.hold_left or any(o.device.type == "cpu" for o in outs):
             return self.take(outs)
+        if not cloned:
+            try:
+                outs = [self._clone(o.detach()) for o in outs]
+            except RuntimeError:  # out of device memory (torch.OutOfMemoryError is one): to the host now, as without a budget
+                self.hold_left = 0
+                return self.take(outs)
         self.hold_left -= size
         self.held += 1
-        return outs if cloned else [self._clone(o.detach()) for o in outs]
+        return outs
 
     def land(self, outs):
         """Held copies on the host (into reserved sets, `take`); host copies and None as they are."""

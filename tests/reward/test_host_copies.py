@@ -105,3 +105,16 @@ def test_the_job_carries_the_copies_settings_and_a_typo_is_an_error(monkeypatch)
     monkeypatch.setenv(host_copies.MODE_ENV, "pined")
     with pytest.raises(ValueError, match="pinned, pageable, fresh"):
         host_copies.job_settings()
+
+
+def test_a_device_out_of_memory_for_the_clone_sends_the_copy_to_the_host(monkeypatch):
+    outs = [torch.empty(64, device="meta")]
+    host = HostCopies(torch, pin=False, hold_bytes=1 << 30)
+
+    def no_memory(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(host, "_clone", no_memory)
+    monkeypatch.setattr(host, "take", lambda o: ["host copy"])
+    assert host.keep(outs) == ["host copy"]
+    assert (host.held, host.hold_left) == (0, 0)  # nothing more is held: the device is short of memory
