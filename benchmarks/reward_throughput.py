@@ -362,7 +362,7 @@ PHASES = ("reference_at_s", "built_at_s", "measure_at_s", "done_at_s",  # the ba
           "baseline_blocks_s", "baseline_calls_s", "baseline_block_overhead_s", "candidate_stop_s",
           "quiet_window_s", "compile_wait_s", "measure_wall_s", "child_run_s", "save_outputs_s", "judge_s", "judge_read_s", "judge_compare_s", "outputs_mb",
           "round_overhead_ms", "call_overhead_ms", "round_period_ms", "round_periods_s", "round_period_max_ms", "round_period_max_at", "first_round_ms", "pacer_before_rounds_s", "settle_device_s", "reference_rounds_s", "reference_untimed_rounds_s",
-          "reference_outputs_s", "reference_save_s", "reference_data_at_s", "reference_handed_at_s", "reference_all_rounds_s", "reference_land_s", "reference_flops_s", "reference_channel_s",
+          "reference_outputs_s", "reference_save_s", "reference_data_at_s", "reference_handed_at_s", "reference_all_rounds_s", "reference_land_s", "reference_flops_s", "reference_outputs_land_s", "reference_channel_s",
           "reference_round_overhead_ms", "reference_round_period_ms", "host_ms", "reference_host_ms",
           "call_margin_ms", "call_floor_scale",  # the claims' floor: honest margins calibrate its slack
           "baseline_quiet_wait_ms", "baseline_disturbed_blocks",  # CUDA: waits for an idle device before baseline blocks
