@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def main() -> None:
         summary[load] = {k: statistics.median(r[k] for r in got) for k in ("call_overhead_ms", "round_overhead_ms", "claim_ms")}
         print(f"median, {load} busy: " + ", ".join(f"{k} {v:.3f}" for k, v in summary[load].items()))
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": "cpu", "cores": len(__import__("os").sched_getaffinity(0)),
+        Path(args.out).write_text(json.dumps({"machine": "cpu", "cores": len(os.sched_getaffinity(0)),
                                               "rows": rows, "summary": summary}, indent=1))
 
 

@@ -119,7 +119,7 @@ class HostCopies:
         if not cloned:
             try:
                 outs = [self._clone(o.detach()) for o in outs]
-            except RuntimeError:  # out of device memory (torch.OutOfMemoryError is one): to the host now, as without a budget
+            except self.torch.OutOfMemoryError:  # no device memory for the clone: to the host now, as without a budget
                 self.hold_left = 0
                 return self.take(outs)
         self.hold_left -= size
