@@ -532,7 +532,7 @@ def main() -> None:
                 done.append(round(time.perf_counter() - t0, 1))
                 rec["progress"] = {"done": len(done), "of": len(pairs), "elapsed_s": done[-1]}
                 print(f"[{name} {done[-1]:.0f} s] {len(done)}/{len(pairs)} {res.reward} {res.reason} "
-                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in (*PHASES, "ready_reference", "ready_eager", "host_pinned", "held_copies", "early_data", "harness_warm_parts")), flush=True)
+                      + " ".join(f"{k2} {res.times.get(k2)}" for k2 in (*PHASES, "ready_reference", "ready_eager", "host_pinned", "held_copies", "early_data", "harness_warm_parts", "prepare_parts")), flush=True)
                 if len(done) % 4 == 0:
                     save()
 

@@ -133,8 +133,19 @@ def sandbox_fd():
 
 
 def _prepare(job) -> types.SimpleNamespace:
-    """Guards in, pools warm, harness snapshot taken: all before anything untrusted runs (order matters)."""
+    """Guards in, pools warm, harness snapshot taken: all before anything untrusted runs (order matters).
+    Where its time goes is `prepare_parts` (diagnostics): from the child's start to here (the job read,
+    the limits), the guards, the pools and context, the harness modules, the snapshot, the CUDA state,
+    the task's init inputs and the host copies' settings."""
+    parts, last = {"job": round(time.perf_counter() - _T_IMPORT, 4)}, [time.perf_counter()]
+
+    def part(name):
+        now = time.perf_counter()
+        parts[name] = round(now - last[0], 4)
+        last[0] = now
+
     torch, guards, audit, tracker = _install(job)
+    part("guards")
     device = job["device"]
     if job.get("cpu_threads"):
         torch.set_num_threads(int(job["cpu_threads"]))
@@ -146,6 +157,7 @@ def _prepare(job) -> types.SimpleNamespace:
         torch.ones(1, device="cuda").add_(1)
         torch.cuda.synchronize()
     cuda_init_s = round(time.perf_counter() - t_ctx, 3)
+    part("pools")
     from opsynth.render import task_file  # bound before the candidate is imported
     from opsynth.render.task_file import TaskKind, set_mode, task_step
     from opsynth.reward import candidate_runner
@@ -154,16 +166,20 @@ def _prepare(job) -> types.SimpleNamespace:
     from opsynth.reward import cuda_state as cuda_state_mod
     from opsynth.reward import host_copies, rounds, timed_inputs
 
+    part("imports")
     off = set(job.get("disabled_guards") or ())  # guards switched off, for tests' controls only
     snapshot = guards.HarnessSnapshot(extra_modules=[guards, timing, candidate_runner, rounds, timed_inputs, cuda_state_mod,
                                                      task_file, host_copies], class_methods="harness_class_methods" not in off)
+    part("snapshot")
     cstate = cuda_state_mod.CudaState() if cuda else None
     if cstate is not None and not cstate.available:
         print("[candidate] no CUDA runtime library in this process: launch-error and persisting-L2 checks are off", flush=True)
     # The set-aside the device starts with (nonzero by default on the H200: every candidate read as
     # holding one when compared with 0); only a candidate's own reservation beyond it is refused.
     l2_start = cstate.persisting_l2_bytes() if cstate is not None else 0
+    part("cuda_state")
     init_inputs = torch.load(job["init_path"], weights_only=True)
+    part("init_inputs")
     base_threads = {t.ident for t in threading.enumerate()}
     _save = torch.save
     from opsynth.reward.outputs_file import channel_writer
@@ -171,10 +187,12 @@ def _prepare(job) -> types.SimpleNamespace:
     write_outputs = channel_writer(_save)  # into the parent's outputs channel; bound before the candidate runs
     _clone = torch.Tensor.clone
     _sync = torch.cuda.synchronize if cuda else (lambda: None)
-    info: dict = {"build_s": None, "cuda_init_s": cuda_init_s}
+    info: dict = {"build_s": None, "cuda_init_s": cuda_init_s, "prepare_parts": parts}
     kind = TaskKind(**(job.get("task_kind") or {}))
     # A reduced-precision task: the audit records torch widening a tensor to float32 inside forward.
     audit.watch_upcast = kind.reduced and "upcast" not in off
+    host = host_copies.for_job(torch, job, cuda)
+    part("rest")
     return types.SimpleNamespace(
         torch=torch, guards=guards, audit=audit, tracker=tracker, device=device, cuda=cuda, set_mode=set_mode,
         kind=kind, task_step=task_step,
@@ -182,7 +200,7 @@ def _prepare(job) -> types.SimpleNamespace:
         l2_start=l2_start, init_inputs=init_inputs, base_threads=base_threads, save=_save, write_outputs=write_outputs, clone=_clone, sync=_sync,
         info=info, check_harness=_harness_checker(snapshot, off), hooks_changed=snapshot.hooks_changed, model=None, guarded=None,
         protected=set(), poisoned=set(), reused=[],
-        host=host_copies.for_job(torch, job, cuda),
+        host=host,
     )
 
 
@@ -743,11 +761,26 @@ def prewarm(args: dict) -> None:
     from opsynth.reward.task_call import warm_torch
 
     warm_torch(args)
+    # The extension tracker's import (setuptools and distutils: 0.06-0.15 s of `_prepare`'s "guards" part
+    # on a 2-core CPU), which the fork server cannot make for its children (it marks forks unable to
+    # use CUDA, opsynth.runtime.forkserver); a parked child's own is made before its candidate exists.
+    import torch.utils.cpp_extension  # noqa: F401
     if args.get("device") == "cuda":
         # The profiler's first start costs 0.03-0.45 s under load (H200, 2026-12-05): paid here, parked,
         # its candidate's `_warm_profiler` finds it warm (median 0.007 s on 2026-12-06)
         try:  # only a warm-up: where it fails, `_warm_profiler` pays (and reports) the start as before
             _start_profiler(torch)
+        except Exception:
+            pass
+        # The harness's own first device ops (a fingerprint's float64 product: cuBLAS's handle and the
+        # kernels' lazy loading), which `_warm_harness` otherwise pays under the checks' share, where
+        # no timing may run beside it (its "fingerprint" part: 0.13-0.59 s on the H100, 2026-12-07e).
+        from opsynth.reward import timed_inputs
+
+        try:  # only a warm-up, as above: where it fails, `_warm_harness` pays it
+            x = torch.ones(1 << 12, device="cuda")
+            timed_inputs.fingerprints_and_key([x], [x])
+            torch.cuda.synchronize()
         except Exception:
             pass
 

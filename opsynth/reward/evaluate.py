@@ -380,7 +380,7 @@ def _measure(spec: CandidateSpec, ref: _Reference, cfg: RewardConfig, device: st
         for k in ("prepare_s", "instantiate_s", "weights_s", "host_alloc_s", "host_pinned",  # parts of setup_s
                   "cuda_init_s", "profiler_init_s", "checks_wait_s", "trials_s", "profiled_s", "harness_warm_s", "timing_wait_s", "rounds_s",  # parts of setup_s; the checks; locked_s
                   "timing_prep_s", "rounds_run_s", "timing_done_s", "timing_checks_s",  # parts of rounds_s (the child's clock)
-                  "land_s", "held_copies", "harness_warm_parts",  # the copies held on the device brought to the host, after the lock
+                  "land_s", "held_copies", "harness_warm_parts", "prepare_parts",  # the copies held on the device brought to the host, after the lock
                   "save_outputs_s"):  # writing the outputs into their channel, after the lock
             if res.data.get(k) is not None:
                 times[k] = res.data[k]
