@@ -580,8 +580,9 @@ def main() -> None:
 
     out["group_evals_per_min"] = phase("group", group_pairs(0, run_salt + 200_000))["evals_per_min"]
     # 5. The same shape with other numbers of children in flight (fresh bodies: each group builds its own)
-    for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):
-        phase(f"group_w{n}", group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
+    for k, n in enumerate(int(x) for x in args.group_sweep.split(",") if x.strip()):  # a repeated count (16,12,16)
+        name = f"group_w{n}" if f"group_w{n}" not in out["phases"] else f"group_w{n}_{k}"  # gets its own phase
+        phase(name, group_pairs(1000 * (k + 1), run_salt + 300_000 + 1000 * k), pcfg=dataclasses.replace(cfg, measure_workers=n))
     from opsynth.reward.evaluate import EARLY_DATA_ENV
     from opsynth.reward.host_copies import HOLD_ENV, MODE_ENV
     from opsynth.runtime.device_lock import PHASES_ENV
