@@ -384,3 +384,28 @@ def test_a_pair_carries_its_tasks_mode_and_one_reference_serves_each_code_and_mo
     eval_key = baseline_cache.cache_key(cfg, "code", "cpu")
     assert baseline_cache.cache_key(cfg, "code", "cpu", "eval") == eval_key
     assert baseline_cache.cache_key(cfg, "code", "cpu", "train") == eval_key + "|mode=train"
+
+
+def test_the_full_fork_server_imports_every_module_a_measuring_childs_set_up_imports():
+    """A measuring child's `_prepare` binds the harness modules before its candidate runs; a module it
+    imports there that the fork server has not is imported again in every child (the networkx behind
+    opsynth.render and the rest were 1.3-1.5 s of each child's set-up on a loaded H100 host,
+    benchmarks/results/issue28_h100/2026-12-08)."""
+    import ast
+    import importlib.util
+    import inspect
+    import textwrap
+
+    from opsynth.reward import candidate_runner
+    from opsynth.reward.eval_types import RUNNERS
+
+    imported = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(candidate_runner._prepare)))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opsynth"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                parent = importlib.util.find_spec(node.module)
+                is_module = parent.submodule_search_locations is not None and importlib.util.find_spec(sub) is not None
+                imported.add(sub if is_module else node.module)
+    assert "opsynth.render.task_file" in imported and "opsynth.reward.rounds" in imported  # what the scan must see
+    assert imported <= set(RUNNERS), sorted(imported - set(RUNNERS))
