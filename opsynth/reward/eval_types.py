@@ -14,8 +14,9 @@ from pathlib import Path
 # The children's entry modules, imported once by the fork server (opsynth.runtime) before it forks.
 RUNNERS = ("opsynth.reward.guards", "opsynth.reward.candidate_runner", "opsynth.reward.reference_runner", "opsynth.reward.build_runner",
            "opsynth.reward.baseline_runner",
-           # and the harness modules a measuring child imports in `_prepare` (0.16-0.18 s of each child's
-           # set-up on a 2-core CPU, mostly opsynth.render's networkx), before its candidate runs
+           # and the harness modules a measuring child imports in `_prepare`, before its candidate runs (0.16-0.18 s
+           # of each child's set-up on a 2-core CPU, mostly opsynth.render's networkx; with the tracker's import,
+           # `prewarm`, 1.3-1.5 s on a loaded H100 host: benchmarks/results/issue28_h100/2026-12-08)
            "opsynth.render.task_file", "opsynth.runtime.timing", "opsynth.reward.rounds", "opsynth.reward.timed_inputs",
            "opsynth.reward.host_copies", "opsynth.reward.cuda_state", "opsynth.reward.outputs_file")
 # Those of the children that only build (a candidate's module run for its extensions' sources, the
