@@ -132,18 +132,28 @@ def sandbox_fd():
     return child.BUILD_FD
 
 
+def _stopwatch(parts: dict, sync=None):
+    """`part(name)`: the seconds since the previous part (or since this call) into `parts[name]`, after
+    `sync` (the device's queue drained) where given. Diagnostics only: nothing is decided on them."""
+    last = [time.perf_counter()]
+
+    def part(name: str) -> None:
+        if sync is not None:
+            sync()
+        now = time.perf_counter()
+        parts[name] = round(now - last[0], 4)
+        last[0] = now
+
+    return part
+
+
 def _prepare(job) -> types.SimpleNamespace:
     """Guards in, pools warm, harness snapshot taken: all before anything untrusted runs (order matters).
     Where its time goes is `prepare_parts` (diagnostics): from the child's start to here (the job read,
     the limits), the guards, the pools and context, the harness modules, the snapshot, the CUDA state,
     the task's init inputs and the host copies' settings."""
-    parts, last = {"job": round(time.perf_counter() - _T_IMPORT, 4)}, [time.perf_counter()]
-
-    def part(name):
-        now = time.perf_counter()
-        parts[name] = round(now - last[0], 4)
-        last[0] = now
-
+    parts = {"job": round(time.perf_counter() - _T_IMPORT, 4)}
+    part = _stopwatch(parts)
     torch, guards, audit, tracker = _install(job)
     part("guards")
     device = job["device"]
@@ -528,14 +538,8 @@ def _warm_harness(ctx, job, buffers, contents, trial_outs) -> tuple:
     candidate's forward does not. The H200's first timed round took about 150 ms against a median
     2.5 ms a round (2026-12-04b), the CPU's 30-40 ms against 9. Returns (timer, stacked)."""
     torch, rounds, timed_inputs = ctx.torch, ctx.rounds, ctx.timed_inputs
-    parts, last = {}, [time.perf_counter()]
-
-    def part(name):  # where the warm-up goes (diagnostics), each part synchronised
-        ctx.sync()
-        now = time.perf_counter()
-        parts[name] = round(now - last[0], 4)
-        last[0] = now
-
+    parts: dict = {}
+    part = _stopwatch(parts, ctx.sync)  # where the warm-up goes (diagnostics), each part synchronised
     timer = ctx.timing.Timer(ctx.device, job.get("flush_l2", True))
     ctx.snapshot.watch("opsynth.runtime.timing.Timer instance", timer)
     part("timer")

@@ -392,6 +392,7 @@ def test_the_full_fork_server_imports_every_module_a_measuring_childs_set_up_imp
     opsynth.render and the rest were 1.3-1.5 s of each child's set-up on a loaded H100 host,
     benchmarks/results/issue28_h100/2026-12-08)."""
     import ast
+    import importlib
     import importlib.util
     import inspect
     import textwrap
@@ -402,10 +403,9 @@ def test_the_full_fork_server_imports_every_module_a_measuring_childs_set_up_imp
     imported = set()
     for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(candidate_runner._prepare)))):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opsynth"):
-            for alias in node.names:
+            package = hasattr(importlib.import_module(node.module), "__path__")
+            for alias in node.names:  # `from package import module` names the module, `from module import x` the module
                 sub = f"{node.module}.{alias.name}"
-                parent = importlib.util.find_spec(node.module)
-                is_module = parent.submodule_search_locations is not None and importlib.util.find_spec(sub) is not None
-                imported.add(sub if is_module else node.module)
+                imported.add(sub if package and importlib.util.find_spec(sub) is not None else node.module)
     assert "opsynth.render.task_file" in imported and "opsynth.reward.rounds" in imported  # what the scan must see
     assert imported <= set(RUNNERS), sorted(imported - set(RUNNERS))
